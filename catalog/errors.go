@@ -1,0 +1,22 @@
+package catalog
+
+import "errors"
+
+// ErrNotFound is returned when no checkpoint matches an ID, prefix or job.
+var ErrNotFound = errors.New("no such checkpoint")
+
+// ErrAmbiguous is returned when an ID prefix matches more than one
+// checkpoint.
+var ErrAmbiguous = errors.New("ambiguous checkpoint ID prefix")
+
+// ErrBusy is returned when the index stays locked by another process for
+// longer than the lock timeout.
+var ErrBusy = errors.New("catalog is locked by another process")
+
+// ErrBadManifest is wrapped by errors about manifests that do not parse, fail
+// their checksum or describe an impossible checkpoint.
+var ErrBadManifest = errors.New("invalid manifest")
+
+// ErrInvalid is wrapped by errors about arguments a caller can fix: job
+// names, kinds, tags.
+var ErrInvalid = errors.New("invalid argument")

@@ -1,0 +1,258 @@
+package catalog
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/google/uuid"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Remove deletes a complete checkpoint. The index marks it deleting first,
+// then its directory moves to trash/ (one rename, so no half-deleted
+// checkpoint is ever under checkpoints/), then the files go, then the
+// record. gc finishes a removal that a crash interrupted.
+func (s *Store) Remove(id string) error {
+	var rec Record
+	err := s.update(func(tx *bolt.Tx) error {
+		r, ok, err := getRecordTx(tx, id)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%w: %s", ErrNotFound, id)
+		}
+		r.Status = StatusDeleting
+		rec = r
+		return putRecordTx(tx, r)
+	})
+	if err != nil {
+		return err
+	}
+	crashPoint("remove-marked")
+	if err := s.discard(id); err != nil {
+		return err
+	}
+	crashPoint("remove-discarded")
+	return s.update(func(tx *bolt.Tx) error { return deleteRecordTx(tx, rec) })
+}
+
+// discard moves a checkpoint directory to trash/ and deletes it there.
+func (s *Store) discard(id string) error {
+	trash := s.path(trashDir, id)
+	if err := os.Rename(s.CheckpointDir(id), trash); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove checkpoint %s: %w", id, err)
+	}
+	if err := syncDir(s.path(checkpointsDir)); err != nil {
+		return err
+	}
+	return os.RemoveAll(trash)
+}
+
+// Prune removes all but the keep newest complete checkpoints of job (by
+// step, then creation time) and returns what it removed.
+func (s *Store) Prune(job string, keep int) ([]Record, error) {
+	if keep < 0 {
+		return nil, fmt.Errorf("%w: --keep-last must be 0 or more, not %d", ErrInvalid, keep)
+	}
+	recs, err := s.List(Filter{Job: job})
+	if err != nil {
+		return nil, err
+	}
+	sortNewestFirst(recs)
+	var removed []Record
+	for i := keep; i < len(recs); i++ {
+		if err := s.Remove(recs[i].ID); err != nil {
+			return removed, err
+		}
+		removed = append(removed, recs[i])
+	}
+	return removed, nil
+}
+
+// GCReport says what GC did.
+type GCReport struct {
+	StagingRemoved []string `json:"staging_removed"` // abandoned partial checkpoints removed
+	StagingBusy    []string `json:"staging_busy"`    // partial checkpoints still being written
+	TrashRemoved   []string `json:"trash_removed"`   // leftovers of interrupted removals
+	RemovalsDone   []string `json:"removals_done"`   // interrupted removals finished
+	Indexed        []string `json:"indexed"`         // complete checkpoints missing from the index, added
+	Lost           []string `json:"lost"`            // index records without a checkpoint directory, dropped
+	Damaged        []string `json:"damaged"`         // checkpoint directories with an unreadable manifest, left alone
+	BytesReclaimed int64    `json:"bytes_reclaimed"`
+}
+
+// GC removes what crashed or killed writers left behind, finishes
+// interrupted removals and brings the index in line with the checkpoints on
+// disk. A staging directory whose writer still holds its lock is left alone.
+func (s *Store) GC() (GCReport, error) {
+	var rep GCReport
+	staged, err := os.ReadDir(s.path(stagingDir))
+	if err != nil {
+		return rep, err
+	}
+	for _, e := range staged {
+		name := e.Name()
+		if strings.HasSuffix(name, lockSuffix) {
+			continue
+		}
+		dir := s.path(stagingDir, name)
+		lock, err := lockFile(dir+lockSuffix, false)
+		if err != nil {
+			return rep, err
+		}
+		if lock == nil {
+			rep.StagingBusy = append(rep.StagingBusy, name)
+			continue
+		}
+		rep.BytesReclaimed += diskUsage(dir)
+		rmErr := os.RemoveAll(dir)
+		os.Remove(dir + lockSuffix)
+		lock.Close()
+		if rmErr != nil {
+			return rep, rmErr
+		}
+		rep.StagingRemoved = append(rep.StagingRemoved, name)
+	}
+	// Lock files whose directory is gone (a writer died between the two).
+	for _, e := range staged {
+		name := e.Name()
+		if !strings.HasSuffix(name, lockSuffix) {
+			continue
+		}
+		if _, err := os.Stat(s.path(stagingDir, strings.TrimSuffix(name, lockSuffix))); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if lock, err := lockFile(s.path(stagingDir, name), false); err == nil && lock != nil {
+			os.Remove(s.path(stagingDir, name))
+			lock.Close()
+		}
+	}
+
+	// Interrupted removals, and records that lost their directory.
+	recs, err := s.List(Filter{IncludeAll: true})
+	if err != nil {
+		return rep, err
+	}
+	indexed := make(map[string]bool, len(recs))
+	for _, r := range recs {
+		indexed[r.ID] = true
+		switch {
+		case r.Status == StatusDeleting:
+			if err := s.discard(r.ID); err != nil {
+				return rep, err
+			}
+			if err := s.update(func(tx *bolt.Tx) error { return deleteRecordTx(tx, r) }); err != nil {
+				return rep, err
+			}
+			rep.RemovalsDone = append(rep.RemovalsDone, r.ID)
+		default:
+			if _, err := os.Stat(filepath.Join(s.CheckpointDir(r.ID), manifestName)); errors.Is(err, os.ErrNotExist) {
+				if err := s.update(func(tx *bolt.Tx) error { return deleteRecordTx(tx, r) }); err != nil {
+					return rep, err
+				}
+				rep.Lost = append(rep.Lost, r.ID)
+			}
+		}
+	}
+
+	trash, err := os.ReadDir(s.path(trashDir))
+	if err != nil {
+		return rep, err
+	}
+	for _, e := range trash {
+		dir := s.path(trashDir, e.Name())
+		rep.BytesReclaimed += diskUsage(dir)
+		if err := os.RemoveAll(dir); err != nil {
+			return rep, err
+		}
+		rep.TrashRemoved = append(rep.TrashRemoved, e.Name())
+	}
+
+	// Complete checkpoints the index does not know: a crash between the
+	// rename and the index update.
+	complete, err := os.ReadDir(s.path(checkpointsDir))
+	if err != nil {
+		return rep, err
+	}
+	for _, e := range complete {
+		id := e.Name()
+		if indexed[id] {
+			continue
+		}
+		m, err := s.ReadManifest(id)
+		if err != nil {
+			rep.Damaged = append(rep.Damaged, id)
+			continue
+		}
+		if err := s.putRecord(recordOf(m)); err != nil {
+			return rep, err
+		}
+		rep.Indexed = append(rep.Indexed, id)
+	}
+	return rep, nil
+}
+
+// RebuildReport says what Rebuild found.
+type RebuildReport struct {
+	Indexed int      `json:"indexed"`
+	Damaged []string `json:"damaged"` // directories whose manifest could not be read, not indexed
+}
+
+// Rebuild recreates the index from the manifests under checkpoints/, in one
+// transaction: readers see the old index or the new one.
+func (s *Store) Rebuild() (RebuildReport, error) {
+	var rep RebuildReport
+	entries, err := os.ReadDir(s.path(checkpointsDir))
+	if err != nil {
+		return rep, err
+	}
+	var recs []Record
+	for _, e := range entries {
+		if _, err := uuid.Parse(e.Name()); err != nil {
+			rep.Damaged = append(rep.Damaged, e.Name())
+			continue
+		}
+		m, err := s.ReadManifest(e.Name())
+		if err != nil {
+			rep.Damaged = append(rep.Damaged, e.Name())
+			continue
+		}
+		recs = append(recs, recordOf(m))
+	}
+	err = s.update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketCheckpoints, bucketJobs} {
+			if err := tx.DeleteBucket(b); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+				return err
+			}
+			if _, err := tx.CreateBucket(b); err != nil {
+				return err
+			}
+		}
+		for _, r := range recs {
+			if err := putRecordTx(tx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	rep.Indexed = len(recs)
+	return rep, err
+}
+
+// diskUsage adds up the sizes of the regular files under dir.
+func diskUsage(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}

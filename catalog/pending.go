@@ -1,0 +1,161 @@
+package catalog
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Pending is a checkpoint being written into the staging area. Its writer
+// holds an exclusive lock on staging/<id>.lock for its whole life, which is
+// how gc tells a live writer from a dead one.
+type Pending struct {
+	// Manifest is filled by the writer: Files, Entries and Meta. Commit
+	// sets the totals.
+	Manifest Manifest
+
+	store *Store
+	dir   string
+	lock  *os.File
+	done  bool
+}
+
+// Begin starts a checkpoint of kind for job at step.
+func (s *Store) Begin(kind Kind, job string, step int64, tags map[string]string) (*Pending, error) {
+	if !kind.valid() {
+		return nil, fmt.Errorf("%w: unknown kind %q", ErrInvalid, kind)
+	}
+	if err := ValidateJob(job); err != nil {
+		return nil, err
+	}
+	if err := ValidateTags(tags); err != nil {
+		return nil, err
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown"
+	}
+	id := uuid.NewString()
+	dir := s.path(stagingDir, id)
+	lock, err := lockFile(dir+lockSuffix, true)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		lock.Close()
+		os.Remove(dir + lockSuffix)
+		return nil, fmt.Errorf("create staging directory: %w", err)
+	}
+	return &Pending{
+		Manifest: Manifest{
+			Format:  FormatVersion,
+			ID:      id,
+			Kind:    kind,
+			Job:     job,
+			Step:    step,
+			Created: time.Now().UTC(),
+			Host:    host,
+			Tags:    tags,
+		},
+		store: s,
+		dir:   dir,
+		lock:  lock,
+	}, nil
+}
+
+// ID is the new checkpoint's ID.
+func (p *Pending) ID() string { return p.Manifest.ID }
+
+// Path is where the data file name goes while the checkpoint is staged.
+func (p *Pending) Path(name string) string { return filepath.Join(p.dir, name) }
+
+// Commit makes the checkpoint complete: it checks the data files against the
+// manifest, writes and fsyncs the manifest, fsyncs the staging directory,
+// renames it into checkpoints/, fsyncs that, and lists the checkpoint in the
+// index. Before the rename a crash leaves a staging directory that gc
+// removes; after it the checkpoint is complete, and gc indexes it if the
+// crash came before the index did. If the index cannot be updated, the
+// checkpoint is removed again and the error returned: a failed Commit leaves
+// no checkpoint.
+func (p *Pending) Commit() (*Record, error) {
+	if p.done {
+		return nil, errors.New("catalog: Commit after Commit or Abort")
+	}
+	defer p.release()
+	m := &p.Manifest
+	m.Bytes, m.StoredBytes = 0, 0
+	for _, f := range m.Files {
+		st, err := os.Stat(p.Path(f.Name))
+		if err != nil {
+			return nil, fmt.Errorf("data file %s: %w", f.Name, err)
+		}
+		if st.Size() != f.Size {
+			return nil, fmt.Errorf("data file %s has %d bytes, its table says %d", f.Name, st.Size(), f.Size)
+		}
+		m.Bytes += f.RawSize
+		m.StoredBytes += f.Size
+	}
+	data, err := m.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	crashPoint("before-manifest")
+	if err := writeFileSync(p.Path(manifestName), data); err != nil {
+		return nil, err
+	}
+	if err := syncDir(p.dir); err != nil {
+		return nil, err
+	}
+	crashPoint("before-rename")
+	final := p.store.CheckpointDir(m.ID)
+	if err := os.Rename(p.dir, final); err != nil {
+		return nil, fmt.Errorf("move checkpoint into place: %w", err)
+	}
+	if err := syncDir(filepath.Dir(final)); err != nil {
+		p.store.discard(m.ID)
+		return nil, err
+	}
+	crashPoint("before-index")
+	rec := recordOf(m)
+	if err := p.store.putRecord(rec); err != nil {
+		p.store.discard(m.ID)
+		return nil, fmt.Errorf("checkpoint %s written but not listed, so removed again: %w", m.ID, err)
+	}
+	return &rec, nil
+}
+
+// Abort drops the staged checkpoint and everything written for it.
+func (p *Pending) Abort() {
+	if p.done {
+		return
+	}
+	os.RemoveAll(p.dir)
+	p.release()
+}
+
+func (p *Pending) release() {
+	p.done = true
+	os.Remove(p.dir + lockSuffix)
+	p.lock.Close()
+}
+
+// writeFileSync creates name (it must not exist), writes data and fsyncs it.
+func writeFileSync(name string, data []byte) error {
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("fsync %s: %w", name, err)
+	}
+	return f.Close()
+}

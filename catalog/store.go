@@ -1,0 +1,150 @@
+package catalog
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
+)
+
+// Names inside the store root.
+const (
+	indexName       = "catalog.db"
+	checkpointsDir  = "checkpoints"
+	stagingDir      = "staging"
+	trashDir        = "trash"
+	manifestName    = "manifest"
+	lockSuffix      = ".lock"
+	defaultLockWait = 10 * time.Second
+)
+
+// Options configure a Store.
+type Options struct {
+	// LockTimeout bounds how long an operation waits for the index lock
+	// held by another process; 10 s when zero.
+	LockTimeout time.Duration
+}
+
+// Store is a checkpoint store rooted at one directory.
+type Store struct {
+	Root string
+	opts Options
+}
+
+// DefaultHome is where the store lives when neither $STASIS_HOME nor --home
+// says otherwise: /var/lib/stasis for root, ~/.local/share/stasis for others.
+func DefaultHome() (string, error) {
+	if os.Geteuid() == 0 {
+		return "/var/lib/stasis", nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("no home directory to put the store in (set STASIS_HOME or --home): %w", err)
+	}
+	return filepath.Join(home, ".local", "share", "stasis"), nil
+}
+
+// Open opens the store at root, creating its directories (mode 0700) and its
+// index when they do not exist.
+func Open(root string, o Options) (*Store, error) {
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = defaultLockWait
+	}
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{Root: abs, opts: o}
+	for _, dir := range []string{abs, s.path(checkpointsDir), s.path(stagingDir), s.path(trashDir)} {
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			if errors.Is(err, os.ErrNotExist) && dir == abs {
+				err = os.MkdirAll(dir, 0o700)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("create store directory: %w", err)
+			}
+		}
+	}
+	if err := s.initIndex(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) path(parts ...string) string {
+	return filepath.Join(append([]string{s.Root}, parts...)...)
+}
+
+// CheckpointDir is the directory of a complete checkpoint.
+func (s *Store) CheckpointDir(id string) string { return s.path(checkpointsDir, id) }
+
+// ReadManifest reads and checks the manifest of a complete checkpoint.
+func (s *Store) ReadManifest(id string) (*Manifest, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return nil, fmt.Errorf("%w: %q is not a checkpoint ID", ErrNotFound, id)
+	}
+	file := filepath.Join(s.CheckpointDir(id), manifestName)
+	data, err := os.ReadFile(file)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s has no manifest", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	m, err := ParseManifest(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	if m.ID != id {
+		return nil, fmt.Errorf("%s: %w: it names checkpoint %s", file, ErrBadManifest, m.ID)
+	}
+	return m, nil
+}
+
+// syncDir makes a directory's entries (new files, renames) durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// lockFile opens (creating) and flocks path exclusively. With wait false it
+// returns (nil, nil) when another process holds the lock.
+func lockFile(path string, wait bool) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	how := unix.LOCK_EX
+	if !wait {
+		how |= unix.LOCK_NB
+	}
+	if err := unix.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// crashPoint kills the process when STASIS_CRASH_AT names point. It exists
+// for the crash tests, which need a process to die at exactly one step of a
+// protocol, as it would on a power cut or kill -9.
+func crashPoint(point string) {
+	if os.Getenv("STASIS_CRASH_AT") == point {
+		_ = unix.Kill(os.Getpid(), unix.SIGKILL)
+		select {}
+	}
+}

@@ -1,0 +1,179 @@
+// Package cli is stasis's command line: it parses flags, calls the packages
+// that do the work, prints their results (as text or --json) and maps errors
+// to documented exit codes. It holds no logic of its own.
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/stasis-ckpt/stasis/catalog"
+	ucli "github.com/urfave/cli/v2"
+)
+
+// Version is set at build time (-ldflags "-X ...cli.Version=...").
+var Version = "dev"
+
+// env carries what every command needs.
+type env struct {
+	stdout, stderr io.Writer
+	// progress is true when stdout is a terminal: long work draws bars on
+	// stderr.
+	progress bool
+}
+
+// Run runs stasis with args (args[0] is the program name) and returns the
+// exit code. SIGINT and SIGTERM cancel the running command, which cleans up
+// before returning.
+func Run(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	e := &env{stdout: stdout, stderr: stderr, progress: isTerminal(stdout)}
+	app := e.app()
+	err := app.RunContext(ctx, flagsFirst(app, args))
+	if err == nil {
+		return ExitOK
+	}
+	if strings.HasPrefix(err.Error(), "Required flag") {
+		// urfave/cli's missing-flag error has no exported type.
+		err = usagef(err.Error())
+	}
+	code := exitCode(err)
+	fmt.Fprintf(stderr, "stasis: %s\n", oneLine(err))
+	return code
+}
+
+// oneLine keeps an error message to one line.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", " ")), " ")
+}
+
+func (e *env) app() *ucli.App {
+	app := &ucli.App{
+		Name:                 "stasis",
+		Usage:                "checkpoint and restore for GPU training jobs",
+		Version:              Version,
+		Writer:               e.stdout,
+		ErrWriter:            e.stderr,
+		EnableBashCompletion: true,
+		HideHelpCommand:      true,
+		ExitErrHandler:       func(*ucli.Context, error) {},
+		OnUsageError: func(_ *ucli.Context, err error, _ bool) error {
+			return usagef(err.Error())
+		},
+		Flags: []ucli.Flag{
+			&ucli.StringFlag{Name: "home", Usage: "the checkpoint store (default /var/lib/stasis for root, else ~/.local/share/stasis)", EnvVars: []string{"STASIS_HOME"}},
+			&ucli.DurationFlag{Name: "lock-timeout", Value: 10 * time.Second, Usage: "how long to wait for the catalog when another process holds it", EnvVars: []string{"STASIS_LOCK_TIMEOUT"}},
+		},
+		Commands: []*ucli.Command{
+			e.saveCommand(),
+			e.loadCommand(),
+			e.lsCommand(),
+			e.showCommand(),
+			e.verifyCommand(),
+			e.rmCommand(),
+			e.pruneCommand(),
+			e.gcCommand(),
+			e.catalogCommand(),
+			e.doctorCommand(),
+			e.benchCommand(),
+		},
+		Action: func(c *ucli.Context) error {
+			if c.Args().Present() {
+				return usagef(fmt.Sprintf("no command %q (see `stasis --help`)", c.Args().First()))
+			}
+			return ucli.ShowAppHelp(c)
+		},
+	}
+	setUsageErrors(app.Commands)
+	return app
+}
+
+// setUsageErrors makes every command report flag errors as usage errors (exit
+// code 2, one line) instead of printing its help.
+func setUsageErrors(cmds []*ucli.Command) {
+	for _, c := range cmds {
+		c.OnUsageError = func(_ *ucli.Context, err error, _ bool) error {
+			return usagef(err.Error())
+		}
+		setUsageErrors(c.Subcommands)
+	}
+}
+
+// openStore opens the store named by --home / $STASIS_HOME or the default.
+func openStore(c *ucli.Context) (*catalog.Store, error) {
+	home := c.String("home")
+	if home == "" {
+		var err error
+		if home, err = catalog.DefaultHome(); err != nil {
+			return nil, err
+		}
+	}
+	return catalog.Open(home, catalog.Options{LockTimeout: c.Duration("lock-timeout")})
+}
+
+func storeDir(c *ucli.Context) string {
+	if home := c.String("home"); home != "" {
+		return home
+	}
+	home, _ := catalog.DefaultHome()
+	return home
+}
+
+// selectorFlags choose a checkpoint by --job and --latest instead of an ID.
+func selectorFlags() []ucli.Flag {
+	return []ucli.Flag{
+		&ucli.StringFlag{Name: "job", Usage: "with --latest: the job whose newest checkpoint to use"},
+		&ucli.BoolFlag{Name: "latest", Usage: "use the job's checkpoint with the highest step"},
+	}
+}
+
+// selectCheckpoint resolves the ID argument (a unique prefix) or
+// --job J --latest.
+func selectCheckpoint(c *ucli.Context, s *catalog.Store) (catalog.Record, error) {
+	args := c.Args()
+	switch {
+	case c.Bool("latest"):
+		if args.Len() > 0 {
+			return catalog.Record{}, usagef("give either an ID or --job J --latest, not both")
+		}
+		if c.String("job") == "" {
+			return catalog.Record{}, usagef("--latest needs --job J")
+		}
+		return s.Latest(c.String("job"))
+	case args.Len() == 1:
+		return s.Resolve(args.First())
+	case args.Len() == 0:
+		return catalog.Record{}, usagef("give a checkpoint ID (or a unique prefix of one), or --job J --latest")
+	}
+	return catalog.Record{}, usagef(fmt.Sprintf("expected one checkpoint ID, got %d arguments", args.Len()))
+}
+
+func noArgs(c *ucli.Context) error {
+	if c.Args().Len() > 0 {
+		return usagef(fmt.Sprintf("%s takes no arguments (got %q)", c.Command.Name, c.Args().First()))
+	}
+	return nil
+}
+
+// parseTags reads repeated --tag key=value flags.
+func parseTags(list []string) (map[string]string, error) {
+	if len(list) == 0 {
+		return nil, nil
+	}
+	tags := map[string]string{}
+	for _, t := range list {
+		k, v, ok := strings.Cut(t, "=")
+		if !ok {
+			return nil, usagef(fmt.Sprintf("--tag %q: use key=value", t))
+		}
+		tags[k] = v
+	}
+	return tags, nil
+}

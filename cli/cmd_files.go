@@ -1,0 +1,125 @@
+package cli
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/fileset"
+	"github.com/stasis-ckpt/stasis/gdswriter"
+	ucli "github.com/urfave/cli/v2"
+)
+
+func (e *env) saveCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "save",
+		Usage:     "save files and directories as a checkpoint; prints the new ID last",
+		ArgsUsage: "PATH...",
+		Flags: []ucli.Flag{
+			&ucli.StringFlag{Name: "job", Required: true, Usage: "the job the checkpoint belongs to"},
+			&ucli.Int64Flag{Name: "step", Required: true, Usage: "the training step it was taken at"},
+			&ucli.StringFlag{Name: "compress", Value: "auto", Usage: "none, zstd, s2 or auto (auto also tries byte planes for bf16/fp32 data)"},
+			&ucli.StringSliceFlag{Name: "tag", Usage: "key=value, repeatable"},
+			&ucli.BoolFlag{Name: "json", Usage: "print the new checkpoint's record as JSON"},
+		},
+		Action: func(c *ucli.Context) error {
+			method, err := gdswriter.ParseMethod(c.String("compress"))
+			if err != nil {
+				return usagef("--compress: " + err.Error())
+			}
+			tags, err := parseTags(c.StringSlice("tag"))
+			if err != nil {
+				return err
+			}
+			if c.Args().Len() == 0 {
+				return usagef("save needs at least one PATH")
+			}
+			s, err := openStore(c)
+			if err != nil {
+				return err
+			}
+			_, total, err := fileset.Plan(c.Args().Slice())
+			if err != nil {
+				return err
+			}
+			bar := newProgress(e.progress, e.stderr, "save", total)
+			start := time.Now()
+			rec, err := fileset.Save(c.Context, s, c.Args().Slice(), fileset.SaveOptions{
+				Job: c.String("job"), Step: c.Int64("step"), Tags: tags,
+				Writer: gdswriter.WriterOptions{Method: method, Progress: bar.Add},
+			})
+			bar.Finish()
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(e.stdout, rec)
+			}
+			fmt.Fprintf(e.stderr, "saved %s as %s (%.3f of its size) in %s\n",
+				humanBytes(rec.Bytes), humanBytes(rec.StoredBytes), ratio(rec.StoredBytes, rec.Bytes), time.Since(start).Round(time.Millisecond))
+			fmt.Fprintln(e.stdout, rec.ID)
+			return nil
+		},
+	}
+}
+
+func (e *env) loadCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "load",
+		Usage:     "write a files checkpoint into a new or empty directory, verifying every chunk",
+		ArgsUsage: "ID | --job J --latest",
+		Flags: append(selectorFlags(),
+			&ucli.StringFlag{Name: "to", Required: true, Usage: "the directory to load into (must not exist or be empty)"},
+		),
+		Action: func(c *ucli.Context) error {
+			s, err := openStore(c)
+			if err != nil {
+				return err
+			}
+			rec, err := selectCheckpoint(c, s)
+			if err != nil {
+				return err
+			}
+			bar := newProgress(e.progress, e.stderr, "load", rec.Bytes)
+			m, err := fileset.Load(c.Context, s, rec.ID, c.String("to"), fileset.LoadOptions{Read: catalog.ReadOptions{Progress: bar.Add}})
+			bar.Finish()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "loaded %d entries (%s) of %s into %s\n", len(m.Entries), humanBytes(m.Bytes), m.ID, c.String("to"))
+			return nil
+		},
+	}
+}
+
+func (e *env) verifyCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "verify",
+		Usage:     "re-read a checkpoint and check every checksum",
+		ArgsUsage: "ID | --job J --latest",
+		Flags:     selectorFlags(),
+		Action: func(c *ucli.Context) error {
+			s, err := openStore(c)
+			if err != nil {
+				return err
+			}
+			rec, err := selectCheckpoint(c, s)
+			if err != nil {
+				return err
+			}
+			bar := newProgress(e.progress, e.stderr, "verify", rec.Bytes)
+			start := time.Now()
+			m, err := s.Verify(c.Context, rec.ID, catalog.ReadOptions{Progress: bar.Add})
+			bar.Finish()
+			if err != nil {
+				return err
+			}
+			chunks := 0
+			for _, f := range m.Files {
+				chunks += len(f.Chunks)
+			}
+			fmt.Fprintf(e.stdout, "%s: ok (%d files, %d chunks, %s checked in %s)\n", m.ID, len(m.Files), chunks, humanBytes(m.StoredBytes), time.Since(start).Round(time.Millisecond))
+			return nil
+		},
+	}
+}

@@ -1,0 +1,60 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+
+	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/fileset"
+	"github.com/stasis-ckpt/stasis/gdswriter"
+	"golang.org/x/sys/unix"
+)
+
+// Exit codes. docs/cli.md lists them; scripts and schedulers rely on them.
+const (
+	ExitOK          = 0   // success
+	ExitError       = 1   // any other failure (I/O error, bug)
+	ExitUsage       = 2   // bad flags or arguments; nothing was done
+	ExitNotFound    = 3   // no such checkpoint, job or path
+	ExitAmbiguous   = 4   // an ID prefix matches several checkpoints
+	ExitCorrupt     = 5   // stored data or a manifest failed its checks
+	ExitBusy        = 6   // the catalog stayed locked past --lock-timeout
+	ExitNoSpace     = 7   // the store's file system is full; the partial checkpoint was removed
+	ExitInterrupted = 130 // stopped by SIGINT or SIGTERM; the partial checkpoint was removed
+)
+
+// usageError marks errors in how stasis was called.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(msg string) error { return usageError{msg: msg} }
+
+// exitCode maps an error to the documented exit code.
+func exitCode(err error) int {
+	var ue usageError
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.As(err, &ue), errors.Is(err, catalog.ErrInvalid):
+		return ExitUsage
+	case errors.Is(err, context.Canceled):
+		return ExitInterrupted
+	case errors.Is(err, catalog.ErrAmbiguous):
+		return ExitAmbiguous
+	case errors.Is(err, catalog.ErrNotFound):
+		return ExitNotFound
+	case errors.Is(err, gdswriter.ErrCorrupt), errors.Is(err, catalog.ErrBadManifest):
+		return ExitCorrupt
+	case errors.Is(err, catalog.ErrBusy):
+		return ExitBusy
+	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
+		return ExitNoSpace
+	case errors.Is(err, fileset.ErrSource) && errors.Is(err, fs.ErrNotExist):
+		return ExitNotFound
+	case errors.Is(err, fileset.ErrSource):
+		return ExitUsage
+	}
+	return ExitError
+}

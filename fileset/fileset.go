@@ -1,0 +1,392 @@
+// Package fileset saves files and directories as a checkpoint of kind
+// "files" and loads them back. Their bytes are packed one after another into
+// a single chunked data stream (so thousands of small files cost what one
+// large file does), and the manifest's entries say where each file's bytes
+// lie in it.
+package fileset
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/gdswriter"
+)
+
+// dataFileName is the name of the one data file of a files checkpoint.
+const dataFileName = "data.0000"
+
+// ErrSource is wrapped by errors about the paths given to Save: missing,
+// unreadable, or of a kind that cannot be saved.
+var ErrSource = errors.New("cannot save path")
+
+// SaveOptions configure Save.
+type SaveOptions struct {
+	Job    string
+	Step   int64
+	Tags   map[string]string
+	Writer gdswriter.WriterOptions
+}
+
+type source struct {
+	entry catalog.Entry
+	from  string // path on disk
+}
+
+// Plan lists what Save would store for paths, with the total bytes of
+// regular files: each path is stored under its base name, directories with
+// everything below them. It fails on a missing path, a name given twice, or
+// a file that is neither regular, a directory nor a symlink.
+func Plan(paths []string) ([]catalog.Entry, int64, error) {
+	srcs, total, err := plan(paths)
+	entries := make([]catalog.Entry, len(srcs))
+	for i, s := range srcs {
+		entries[i] = s.entry
+	}
+	return entries, total, err
+}
+
+func plan(paths []string) ([]source, int64, error) {
+	if len(paths) == 0 {
+		return nil, 0, fmt.Errorf("%w: no paths given", ErrSource)
+	}
+	var srcs []source
+	var total int64
+	roots := map[string]string{}
+	for _, p := range paths {
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return nil, 0, fmt.Errorf("%w %s: %v", ErrSource, p, err)
+		}
+		root := filepath.Base(abs)
+		if root == "/" || root == "." {
+			return nil, 0, fmt.Errorf("%w %s: give a file or directory below /", ErrSource, p)
+		}
+		if other, dup := roots[root]; dup {
+			return nil, 0, fmt.Errorf("%w %s: %s has the same name %q; both would be stored under it", ErrSource, p, other, root)
+		}
+		roots[root] = p
+		err = filepath.WalkDir(abs, func(file string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return fmt.Errorf("%w %s: %w", ErrSource, file, unwrapPathError(err))
+			}
+			info, err := d.Info()
+			if err != nil {
+				return fmt.Errorf("%w %s: %w", ErrSource, file, unwrapPathError(err))
+			}
+			rel, _ := filepath.Rel(abs, file)
+			name := path.Join(root, filepath.ToSlash(rel))
+			mtime := info.ModTime().UTC()
+			e := catalog.Entry{Path: name, Mode: uint32(info.Mode().Perm()), MTime: &mtime}
+			switch {
+			case info.Mode().IsRegular():
+				e.Type, e.Size = catalog.EntryFile, info.Size()
+				total += e.Size
+			case info.IsDir():
+				e.Type = catalog.EntryDir
+			case info.Mode()&fs.ModeSymlink != 0:
+				target, err := os.Readlink(file)
+				if err != nil {
+					return fmt.Errorf("%w %s: %v", ErrSource, file, err)
+				}
+				e.Type, e.Link, e.Mode, e.MTime = catalog.EntrySymlink, target, 0, nil
+			default:
+				return fmt.Errorf("%w %s: a %s cannot be saved (only files, directories and symlinks)", ErrSource, file, describeMode(info.Mode()))
+			}
+			if !catalog.ValidEntryPath(e.Path) {
+				return fmt.Errorf("%w %s: name cannot be stored", ErrSource, file)
+			}
+			srcs = append(srcs, source{entry: e, from: file})
+			return nil
+		})
+		if err != nil {
+			return nil, 0, err
+		}
+	}
+	return srcs, total, nil
+}
+
+func unwrapPathError(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+func describeMode(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeDevice != 0:
+		return "device"
+	}
+	return "special file"
+}
+
+// Save stores paths as a new complete checkpoint and returns its record. On
+// any error or cancellation nothing is left in the store but what gc
+// removes, and nothing is listed.
+func Save(ctx context.Context, s *catalog.Store, paths []string, o SaveOptions) (*catalog.Record, error) {
+	srcs, _, err := plan(paths)
+	if err != nil {
+		return nil, err
+	}
+	p, err := s.Begin(catalog.KindFiles, o.Job, o.Step, o.Tags)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := save(ctx, p, srcs, o)
+	if err != nil {
+		p.Abort()
+		return nil, err
+	}
+	return rec, nil
+}
+
+func save(ctx context.Context, p *catalog.Pending, srcs []source, o SaveOptions) (*catalog.Record, error) {
+	w, err := gdswriter.Create(ctx, p.Path(dataFileName), o.Writer)
+	if err != nil {
+		return nil, err
+	}
+	for i := range srcs {
+		e := &srcs[i].entry
+		if e.Type == catalog.EntryFile {
+			e.Offset = w.Offset()
+			if err := copyFile(w, srcs[i].from, e.Size); err != nil {
+				w.Abort()
+				return nil, err
+			}
+		}
+		p.Manifest.Entries = append(p.Manifest.Entries, *e)
+	}
+	res, err := w.Close()
+	if err != nil {
+		return nil, err
+	}
+	p.Manifest.Files = []catalog.DataFile{{
+		Name: dataFileName, Size: res.Size, RawSize: res.RawSize, ChunkSize: res.ChunkSize, Chunks: res.Chunks,
+	}}
+	return p.Commit()
+}
+
+// copyFile streams one file into w and checks it still has the size it had
+// when planned: a file that changes while it is saved is an error, not a
+// silently torn copy.
+func copyFile(w *gdswriter.Writer, name string, size int64) error {
+	f, err := os.Open(name)
+	if err != nil {
+		return fmt.Errorf("%w %s: %w", ErrSource, name, unwrapPathError(err))
+	}
+	defer f.Close()
+	n, err := w.ReadFrom(io.LimitReader(f, size+1))
+	if err != nil {
+		return err
+	}
+	if n != size {
+		return fmt.Errorf("%w %s: it changed size while being saved (%d bytes, then %d)", ErrSource, name, size, n)
+	}
+	return nil
+}
+
+// LoadOptions configure Load.
+type LoadOptions struct {
+	Read catalog.ReadOptions
+}
+
+// Load writes the entries of a files checkpoint under dir. dir must not
+// exist or be empty. Everything is first written to a temporary directory
+// beside it and moved into place only after every chunk has been verified,
+// so a failed load leaves dir as it was.
+func Load(ctx context.Context, s *catalog.Store, id, dir string, o LoadOptions) (*catalog.Manifest, error) {
+	m, err := s.ReadManifest(id)
+	if err != nil {
+		return nil, err
+	}
+	if m.Kind != catalog.KindFiles {
+		return nil, fmt.Errorf("%w: checkpoint %s is of kind %s; `stasis load` restores files checkpoints", catalog.ErrInvalid, id, m.Kind)
+	}
+	if err := checkTarget(dir); err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(filepath.Clean(dir)), "."+filepath.Base(dir)+".stasis-load-")
+	if err != nil {
+		return nil, err
+	}
+	if err := unpack(ctx, s, m, tmp, o); err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	if err := moveInto(tmp, dir); err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	return m, nil
+}
+
+// checkTarget accepts a directory that does not exist or is empty.
+func checkTarget(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%w: target %s: %v", catalog.ErrInvalid, dir, unwrapPathError(err))
+	}
+	if len(entries) > 0 {
+		return fmt.Errorf("%w: target %s is not empty; load into a new or empty directory", catalog.ErrInvalid, dir)
+	}
+	return nil
+}
+
+// moveInto renames tmp to dir, or, when dir exists (empty), moves tmp's
+// entries into it.
+func moveInto(tmp, dir string) error {
+	if err := os.Rename(tmp, dir); err == nil {
+		return nil
+	}
+	entries, err := os.ReadDir(tmp)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.Rename(filepath.Join(tmp, e.Name()), filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return os.Remove(tmp)
+}
+
+func unpack(ctx context.Context, s *catalog.Store, m *catalog.Manifest, root string, o LoadOptions) error {
+	local := func(e catalog.Entry) string { return filepath.Join(root, filepath.FromSlash(e.Path)) }
+	for _, e := range m.Entries {
+		if e.Type == catalog.EntryDir {
+			if err := os.MkdirAll(local(e), 0o700); err != nil {
+				return err
+			}
+		}
+	}
+	var files []catalog.Entry
+	for _, e := range m.Entries {
+		switch e.Type {
+		case catalog.EntryFile:
+			files = append(files, e)
+		case catalog.EntrySymlink:
+			if err := os.MkdirAll(filepath.Dir(local(e)), 0o700); err != nil {
+				return err
+			}
+			if err := os.Symlink(e.Link, local(e)); err != nil {
+				return err
+			}
+		}
+	}
+	if err := writeFiles(ctx, s, m, files, local, o); err != nil {
+		return err
+	}
+	// Modes and times last, deepest first, so that read-only directories
+	// are filled before they are closed.
+	sorted := append([]catalog.Entry(nil), m.Entries...)
+	sort.SliceStable(sorted, func(i, j int) bool { return strings.Count(sorted[i].Path, "/") > strings.Count(sorted[j].Path, "/") })
+	for _, e := range sorted {
+		if e.Type == catalog.EntrySymlink {
+			continue
+		}
+		if err := os.Chmod(local(e), fs.FileMode(e.Mode)); err != nil {
+			return err
+		}
+		if e.MTime != nil {
+			if err := os.Chtimes(local(e), time.Time{}, *e.MTime); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// writeFiles streams the data file once, in order, and cuts it into the
+// file entries (which Save laid out one after another).
+func writeFiles(ctx context.Context, s *catalog.Store, m *catalog.Manifest, files []catalog.Entry, local func(catalog.Entry) string, o LoadOptions) error {
+	sort.SliceStable(files, func(i, j int) bool { return files[i].Offset < files[j].Offset })
+	byFile := map[int][]catalog.Entry{}
+	for _, e := range files {
+		byFile[e.File] = append(byFile[e.File], e)
+	}
+	for fi, df := range m.Files {
+		entries := byFile[fi]
+		next := 0
+		var out *os.File
+		defer func() {
+			if out != nil {
+				out.Close()
+			}
+		}()
+		// Empty files need no bytes from the stream.
+		openNext := func(streamPos int64) error {
+			for out == nil && next < len(entries) && entries[next].Offset <= streamPos {
+				f, err := os.OpenFile(local(entries[next]), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+				if err != nil {
+					return err
+				}
+				if entries[next].Size == 0 {
+					f.Close()
+					next++
+					continue
+				}
+				out = f
+			}
+			return nil
+		}
+		var pos int64
+		err := s.StreamFile(ctx, m, df, o.Read, func(_ int, raw []byte) error {
+			for len(raw) > 0 {
+				if err := openNext(pos); err != nil {
+					return err
+				}
+				if out == nil {
+					pos += int64(len(raw))
+					return nil
+				}
+				e := entries[next]
+				if pos < e.Offset {
+					skip := min(e.Offset-pos, int64(len(raw)))
+					raw, pos = raw[skip:], pos+skip
+					continue
+				}
+				n := min(e.Offset+e.Size-pos, int64(len(raw)))
+				if _, err := out.Write(raw[:n]); err != nil {
+					return err
+				}
+				raw, pos = raw[n:], pos+n
+				if pos == e.Offset+e.Size {
+					if err := out.Close(); err != nil {
+						return err
+					}
+					out = nil
+					next++
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if err := openNext(pos); err != nil {
+			return err
+		}
+		if out != nil || next < len(entries) {
+			return fmt.Errorf("%w: data file %s ended before its entries did", gdswriter.ErrCorrupt, df.Name)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,94 @@
+package gdswriter
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// directFile is a data file opened with O_DIRECT where possible. If the file
+// system refuses O_DIRECT at open or at the first I/O (EINVAL), the flag is
+// dropped and plain I/O is used from then on; Direct reports which.
+type directFile struct {
+	f *os.File
+
+	mu     sync.RWMutex
+	direct bool
+}
+
+// openDirect opens path with flag (os.O_RDONLY, or os.O_WRONLY|os.O_CREATE|
+// os.O_EXCL) and O_DIRECT unless noDirect is set or the file system refuses.
+func openDirect(path string, flag int, noDirect bool) (*directFile, error) {
+	if !noDirect {
+		f, err := os.OpenFile(path, flag|unix.O_DIRECT, 0o600)
+		if err == nil {
+			return &directFile{f: f, direct: true}, nil
+		}
+		if !errors.Is(err, unix.EINVAL) {
+			return nil, err
+		}
+	}
+	f, err := os.OpenFile(path, flag, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	return &directFile{f: f}, nil
+}
+
+// Direct reports whether I/O on the file bypasses the page cache.
+func (d *directFile) Direct() bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.direct
+}
+
+// dropDirect clears O_DIRECT on the open file after the file system refused
+// a direct transfer.
+func (d *directFile) dropDirect() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.direct {
+		return nil
+	}
+	fd := int(d.f.Fd())
+	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags&^unix.O_DIRECT); err != nil {
+		return err
+	}
+	d.direct = false
+	return nil
+}
+
+// writeAt writes all of p at off. p and off must be aligned when the file is
+// direct.
+func (d *directFile) writeAt(p []byte, off int64) error {
+	_, err := d.f.WriteAt(p, off)
+	if err != nil && errors.Is(err, unix.EINVAL) && d.Direct() {
+		if derr := d.dropDirect(); derr != nil {
+			return fmt.Errorf("%w (and could not turn off O_DIRECT: %v)", err, derr)
+		}
+		_, err = d.f.WriteAt(p, off)
+	}
+	return err
+}
+
+// readAt fills p from off.
+func (d *directFile) readAt(p []byte, off int64) error {
+	_, err := d.f.ReadAt(p, off)
+	if err != nil && errors.Is(err, unix.EINVAL) && d.Direct() {
+		if derr := d.dropDirect(); derr != nil {
+			return fmt.Errorf("%w (and could not turn off O_DIRECT: %v)", err, derr)
+		}
+		_, err = d.f.ReadAt(p, off)
+	}
+	return err
+}
+
+func (d *directFile) sync() error  { return d.f.Sync() }
+func (d *directFile) close() error { return d.f.Close() }

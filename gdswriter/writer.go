@@ -1,0 +1,324 @@
+package gdswriter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// WriterOptions configure a Writer. The zero value is usable.
+type WriterOptions struct {
+	// ChunkSize is the raw size of each chunk: a multiple of Alignment,
+	// DefaultChunkSize when zero.
+	ChunkSize int
+	// Method is the compression asked for; MethodNone when empty.
+	Method Method
+	// ElemSize hints the width of the data's elements (2 for bf16, 4 for
+	// fp32, 0 when unknown) to the byte-plane codecs.
+	ElemSize int
+	// Workers is the number of goroutines encoding and writing chunks;
+	// GOMAXPROCS when zero.
+	Workers int
+	// NoDirect turns O_DIRECT off.
+	NoDirect bool
+	// Progress, when set, is called with the raw byte count of each chunk
+	// once it is written, from several goroutines at once.
+	Progress func(rawBytes int64)
+}
+
+func (o *WriterOptions) fill() error {
+	if o.ChunkSize == 0 {
+		o.ChunkSize = DefaultChunkSize
+	}
+	if o.ChunkSize < 0 || o.ChunkSize%Alignment != 0 || o.ChunkSize > MaxChunkSize {
+		return fmt.Errorf("chunk size %d is not a positive multiple of %d up to %d", o.ChunkSize, Alignment, MaxChunkSize)
+	}
+	if o.Method == "" {
+		o.Method = MethodNone
+	}
+	if _, err := ParseMethod(string(o.Method)); err != nil {
+		return err
+	}
+	if o.Workers <= 0 {
+		o.Workers = runtime.GOMAXPROCS(0)
+	}
+	return nil
+}
+
+// Result describes the data file a Writer produced.
+type Result struct {
+	Size      int64   // bytes on disk
+	RawSize   int64   // bytes written to the Writer
+	ChunkSize int64   // raw bytes per chunk
+	Chunks    []Chunk // in stream order
+	Direct    bool    // whether the file was written with O_DIRECT
+}
+
+// Writer turns a byte stream into a data file of independently encoded
+// chunks. Writes fill a chunk buffer; each full buffer goes to a worker that
+// encodes it, checksums it, reserves the next free aligned extent of the
+// file and writes it there, so extents lie in completion order while the
+// chunk table keeps stream order. Memory is bounded by a fixed pool of chunk
+// buffers. A Writer is not safe for concurrent use; its workers are internal.
+type Writer struct {
+	ctx  context.Context
+	path string
+	opts WriterOptions
+	file *directFile
+
+	pool    *bufferPool
+	cur     *alignedBuffer
+	curLen  int
+	next    int
+	rawSize int64
+
+	jobs    chan writeJob
+	workers sync.WaitGroup
+	fileEnd atomic.Int64
+
+	mu     sync.Mutex
+	chunks []Chunk
+	err    error
+	done   bool
+}
+
+type writeJob struct {
+	index int
+	buf   *alignedBuffer
+	n     int
+}
+
+// Create makes a new data file at path (it must not exist) and starts the
+// workers. Cancelling ctx makes further writes fail; Abort or Close must
+// still be called.
+func Create(ctx context.Context, path string, o WriterOptions) (*Writer, error) {
+	if err := o.fill(); err != nil {
+		return nil, err
+	}
+	f, err := openDirect(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, o.NoDirect)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := newBufferPool(2*o.Workers+1, o.ChunkSize)
+	if err != nil {
+		f.close()
+		return nil, err
+	}
+	w := &Writer{ctx: ctx, path: path, opts: o, file: f, pool: pool, jobs: make(chan writeJob, o.Workers)}
+	for i := 0; i < o.Workers; i++ {
+		w.workers.Add(1)
+		go w.work()
+	}
+	return w, nil
+}
+
+// Offset is the number of bytes written to the stream so far: the stream
+// offset at which the next byte will land.
+func (w *Writer) Offset() int64 { return w.rawSize }
+
+// Direct reports whether the file is written with O_DIRECT.
+func (w *Writer) Direct() bool { return w.file.Direct() }
+
+func (w *Writer) failure() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err == nil && w.ctx.Err() != nil {
+		w.err = w.ctx.Err()
+	}
+	return w.err
+}
+
+func (w *Writer) fail(err error) {
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = err
+	}
+	w.mu.Unlock()
+}
+
+// Write copies p into the stream.
+func (w *Writer) Write(p []byte) (int, error) {
+	written := 0
+	for len(p) > 0 {
+		if err := w.fillBuffer(); err != nil {
+			return written, err
+		}
+		n := copy(w.cur.mem[w.curLen:w.opts.ChunkSize], p)
+		w.curLen += n
+		w.rawSize += int64(n)
+		written += n
+		p = p[n:]
+		w.dispatchIfFull()
+	}
+	return written, nil
+}
+
+// ReadFrom reads r to its end straight into chunk buffers.
+func (w *Writer) ReadFrom(r io.Reader) (int64, error) {
+	var total int64
+	for {
+		if err := w.fillBuffer(); err != nil {
+			return total, err
+		}
+		n, err := r.Read(w.cur.mem[w.curLen:w.opts.ChunkSize])
+		w.curLen += n
+		w.rawSize += int64(n)
+		total += int64(n)
+		w.dispatchIfFull()
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// fillBuffer makes sure a chunk buffer with free room is at hand.
+func (w *Writer) fillBuffer() error {
+	if w.done {
+		return errors.New("gdswriter: write after Close or Abort")
+	}
+	if err := w.failure(); err != nil {
+		return err
+	}
+	if w.cur == nil {
+		w.cur = w.pool.get()
+		w.curLen = 0
+	}
+	return nil
+}
+
+func (w *Writer) dispatchIfFull() {
+	if w.curLen == w.opts.ChunkSize {
+		w.dispatch()
+	}
+}
+
+func (w *Writer) dispatch() {
+	w.jobs <- writeJob{index: w.next, buf: w.cur, n: w.curLen}
+	w.next++
+	w.cur = nil
+	w.curLen = 0
+}
+
+func (w *Writer) work() {
+	defer w.workers.Done()
+	enc := NewEncoder(w.opts.Method, w.opts.ElemSize)
+	var out *alignedBuffer
+	defer func() { out.free() }()
+	for job := range w.jobs {
+		if w.failure() == nil {
+			if out == nil && w.opts.Method != MethodNone {
+				var err error
+				if out, err = newAlignedBuffer(w.opts.ChunkSize); err != nil {
+					w.fail(err)
+				}
+			}
+			if w.failure() == nil {
+				if err := w.writeChunk(enc, out, job); err != nil {
+					w.fail(err)
+				}
+			}
+		}
+		w.pool.put(job.buf)
+	}
+}
+
+// writeChunk encodes one chunk, checksums it and writes it at a fresh
+// extent of the file.
+func (w *Writer) writeChunk(enc *Encoder, out *alignedBuffer, job writeJob) error {
+	raw := job.buf.mem[:job.n]
+	rawCRC := crc32.Checksum(raw, castagnoli)
+	stored, codec := enc.Encode(raw)
+	var extent []byte
+	if codec == CodecRaw || len(stored) > w.opts.ChunkSize {
+		codec, stored = CodecRaw, raw
+		extent = job.buf.mem[:alignUp(int64(len(raw)))]
+	} else {
+		copy(out.mem, stored)
+		extent = out.mem[:alignUp(int64(len(stored)))]
+	}
+	clear(extent[len(stored):])
+	var crc uint32
+	if codec == CodecRaw {
+		crc = crc32.Update(rawCRC, castagnoli, extent[len(stored):])
+	} else {
+		crc = crc32.Checksum(extent, castagnoli)
+	}
+	off := w.fileEnd.Add(int64(len(extent))) - int64(len(extent))
+	if err := w.file.writeAt(extent, off); err != nil {
+		return fmt.Errorf("write %s: %w", w.path, err)
+	}
+	w.mu.Lock()
+	for len(w.chunks) <= job.index {
+		w.chunks = append(w.chunks, Chunk{})
+	}
+	w.chunks[job.index] = Chunk{Offset: off, Stored: int64(len(stored)), Raw: int64(job.n), Codec: codec, CRC: crc, RawCRC: rawCRC}
+	w.mu.Unlock()
+	if w.opts.Progress != nil {
+		w.opts.Progress(int64(job.n))
+	}
+	return nil
+}
+
+// stop ends the workers and releases memory; the file stays open.
+func (w *Writer) stop() {
+	if w.done {
+		return
+	}
+	w.done = true
+	close(w.jobs)
+	w.workers.Wait()
+	if w.cur != nil {
+		w.pool.put(w.cur)
+		w.cur = nil
+	}
+	w.pool.close()
+}
+
+// Close writes the last partial chunk, waits for the workers, makes the file
+// durable (fsync) and returns its description. On error the file is left for
+// the caller to remove with its staging directory.
+func (w *Writer) Close() (Result, error) {
+	if w.done {
+		return Result{}, errors.New("gdswriter: Close after Close or Abort")
+	}
+	if w.curLen > 0 && w.failure() == nil {
+		w.dispatch()
+	}
+	w.stop()
+	if err := w.failure(); err != nil {
+		w.file.close()
+		return Result{}, err
+	}
+	if err := w.file.sync(); err != nil {
+		w.file.close()
+		return Result{}, fmt.Errorf("fsync %s: %w", w.path, err)
+	}
+	direct := w.file.Direct()
+	if err := w.file.close(); err != nil {
+		return Result{}, fmt.Errorf("close %s: %w", w.path, err)
+	}
+	return Result{
+		Size:      w.fileEnd.Load(),
+		RawSize:   w.rawSize,
+		ChunkSize: int64(w.opts.ChunkSize),
+		Chunks:    w.chunks,
+		Direct:    direct,
+	}, nil
+}
+
+// Abort stops the workers and closes the file without making it durable.
+// The caller removes the file.
+func (w *Writer) Abort() {
+	w.fail(errors.New("gdswriter: aborted"))
+	w.stop()
+	w.file.close()
+}
