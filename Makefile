@@ -1,0 +1,37 @@
+# stasis: `make` installs what the build and tests need and builds bin/stasis;
+# `make test` runs every test. See README.md.
+
+GO      ?= go
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/stasis-ckpt/stasis/cli.Version=$(VERSION)
+
+.PHONY: all deps build test fuzz bench clean
+
+all: deps build
+
+# Debian packages the tests use and the Go modules (scripts/install-deps.sh).
+deps:
+	./scripts/install-deps.sh
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/stasis ./cmd/stasis
+
+test: build
+	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+	$(GO) vet ./...
+	$(GO) test -count=1 ./...
+
+# A short run of every fuzzer (the seed corpora also run in `make test`).
+fuzz:
+	$(GO) test ./catalog -run '^$$' -fuzz FuzzParseManifest -fuzztime 60s
+	$(GO) test ./gdswriter -run '^$$' -fuzz FuzzDecode -fuzztime 60s
+	$(GO) test ./gdswriter -run '^$$' -fuzz FuzzRoundTrip -fuzztime 60s
+
+# The figures of docs/benchmarks.md (BENCH_DIR must be on the disk to measure).
+BENCH_DIR ?= /var/tmp/stasis-bench
+bench: build
+	./bin/stasis bench --dir $(BENCH_DIR) --size 2GiB --compress none
+	./bin/stasis bench --dir $(BENCH_DIR) --size 2GiB --compress auto
+
+clean:
+	rm -rf bin

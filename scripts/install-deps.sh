@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what building and testing stasis needs on a Debian or Ubuntu
+# machine, then downloads the Go modules. Safe to run again: it installs only
+# what is missing. Run by `make`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "install-deps: $*"; }
+
+# Go: the module's go line names the version; a Go >= 1.21 fetches it itself
+# (GOTOOLCHAIN=auto) through the module proxy.
+if ! command -v go >/dev/null 2>&1; then
+	if [ -x /usr/local/go/bin/go ]; then
+		say "Go is at /usr/local/go/bin; add it to PATH"
+		export PATH=$PATH:/usr/local/go/bin
+	else
+		say "no Go toolchain: install Go >= 1.21 (https://go.dev/dl) and run make again" >&2
+		exit 1
+	fi
+fi
+
+# Debian packages the tests use: gcc (shared libraries for doctor's tests),
+# util-linux (flock, script), e2fsprogs (mkfs.ext4 for the disk-full test),
+# diffutils.
+need=()
+for tool in gcc:gcc flock:util-linux script:bsdutils mkfs.ext4:e2fsprogs diff:diffutils losetup:mount; do
+	command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool#*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+	if [ "$(id -u)" -ne 0 ]; then
+		say "missing packages: ${need[*]}; install them as root (apt-get install ${need[*]})" >&2
+		exit 1
+	fi
+	say "installing ${need[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+say "downloading Go modules"
+go mod download
+say "done"
