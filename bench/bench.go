@@ -12,7 +12,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,9 +27,10 @@ type Options struct {
 	Dir     string // where to write (a scratch directory is made and removed there)
 	Size    int64  // bytes, a multiple of 4096
 	Method  gdswriter.Method
-	Data    string // "bf16" or "random"
-	Rounds  int    // raw and stasis alternate this many times; the best of each counts
-	Workers int    // goroutines for both sides; GOMAXPROCS when zero
+	Data    string        // "bf16" or "random"
+	Rounds  int           // raw and stasis alternate this many times; the best of each counts
+	Workers int           // goroutines for both sides; gdswriter.DefaultWorkers() when zero
+	Settle  time.Duration // pause after a sync before each timed step
 	Log     func(string)
 }
 
@@ -84,7 +84,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		o.Rounds = 1
 	}
 	if o.Workers <= 0 {
-		o.Workers = runtime.GOMAXPROCS(0)
+		o.Workers = gdswriter.DefaultWorkers()
 	}
 	if o.Data == "" {
 		o.Data = "bf16"
@@ -123,10 +123,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	gbps := func(d time.Duration) float64 { return float64(o.Size) / d.Seconds() / 1e9 }
+	// settle lets the disk finish what the previous step left (write-back,
+	// discards of deleted files) so that each timed step starts alike.
+	settle := func() {
+		unix.Sync()
+		time.Sleep(o.Settle)
+	}
 	for round := 0; round < o.Rounds; round++ {
 		steps := []func() error{
 			func() error {
 				path := filepath.Join(scratch, "raw")
+				settle()
 				start := time.Now()
 				direct, err := gdswriter.RawWrite(ctx, path, src, gdswriter.DefaultChunkSize, o.Workers, false)
 				if err != nil {
@@ -134,6 +141,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 				}
 				w := gbps(time.Since(start))
 				clear(dst)
+				settle()
 				start = time.Now()
 				if _, err := gdswriter.RawRead(ctx, path, dst, gdswriter.DefaultChunkSize, o.Workers, false); err != nil {
 					return err
@@ -145,6 +153,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 				return os.Remove(path)
 			},
 			func() error {
+				settle()
 				start := time.Now()
 				rec, err := save(ctx, store, src, o)
 				if err != nil {
@@ -152,6 +161,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 				}
 				w := gbps(time.Since(start))
 				clear(dst)
+				settle()
 				start = time.Now()
 				if err := load(ctx, store, rec.ID, dst, o.Workers); err != nil {
 					return err
@@ -191,7 +201,7 @@ func save(ctx context.Context, s *catalog.Store, src []byte, o Options) (*catalo
 		if err != nil {
 			return nil, err
 		}
-		if _, err := w.Write(src); err != nil {
+		if err := w.WriteShared(src); err != nil {
 			w.Abort()
 			return nil, err
 		}
@@ -214,11 +224,7 @@ func load(ctx context.Context, s *catalog.Store, id string, dst []byte, workers 
 	if err != nil {
 		return err
 	}
-	f := m.Files[0]
-	return s.StreamFile(ctx, m, f, catalog.ReadOptions{Workers: workers}, func(i int, raw []byte) error {
-		copy(dst[int64(i)*f.ChunkSize:], raw)
-		return nil
-	})
+	return s.ReadFileInto(ctx, m, m.Files[0], dst, catalog.ReadOptions{Workers: workers})
 }
 
 func mapAnon(size int64) ([]byte, error) {

@@ -17,24 +17,42 @@ type ReadOptions struct {
 	Progress func(rawBytes int64)
 }
 
+// openData opens data file f of a complete checkpoint after checking its
+// size against the manifest.
+func (s *Store) openData(m *Manifest, f DataFile, noDirect bool) (*gdswriter.Reader, error) {
+	path := filepath.Join(s.CheckpointDir(m.ID), f.Name)
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: data file %s: %v", gdswriter.ErrCorrupt, path, err)
+	}
+	if st.Size() != f.Size {
+		return nil, fmt.Errorf("%w: data file %s has %d bytes, the manifest says %d", gdswriter.ErrCorrupt, path, st.Size(), f.Size)
+	}
+	return gdswriter.OpenReader(path, noDirect)
+}
+
 // StreamFile reads data file f of a complete checkpoint, verifying every
 // chunk, and calls fn with the decoded chunks in order. Bad data comes back
 // as an error that wraps gdswriter.ErrCorrupt and names the file and chunk.
 func (s *Store) StreamFile(ctx context.Context, m *Manifest, f DataFile, o ReadOptions, fn func(i int, raw []byte) error) error {
-	path := filepath.Join(s.CheckpointDir(m.ID), f.Name)
-	st, err := os.Stat(path)
-	if err != nil {
-		return fmt.Errorf("%w: data file %s: %v", gdswriter.ErrCorrupt, path, err)
-	}
-	if st.Size() != f.Size {
-		return fmt.Errorf("%w: data file %s has %d bytes, the manifest says %d", gdswriter.ErrCorrupt, path, st.Size(), f.Size)
-	}
-	r, err := gdswriter.OpenReader(path, o.NoDirect)
+	r, err := s.openData(m, f, o.NoDirect)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
 	return r.Stream(ctx, f.Chunks, gdswriter.ReadOptions{Workers: o.Workers, Progress: o.Progress}, fn)
+}
+
+// ReadFileInto reads the whole decoded stream of data file f into dst
+// (exactly f.RawSize bytes), verifying every chunk, with chunks read and
+// decoded in parallel straight into their place.
+func (s *Store) ReadFileInto(ctx context.Context, m *Manifest, f DataFile, dst []byte, o ReadOptions) error {
+	r, err := s.openData(m, f, o.NoDirect)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	return r.ReadInto(ctx, f.Chunks, f.ChunkSize, dst, gdswriter.ReadOptions{Workers: o.Workers, Progress: o.Progress})
 }
 
 // Verify re-reads a complete checkpoint: the manifest's checksum and

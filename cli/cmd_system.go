@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"text/tabwriter"
+	"time"
 
 	"github.com/stasis-ckpt/stasis/bench"
 	"github.com/stasis-ckpt/stasis/doctor"
@@ -45,7 +46,8 @@ func (e *env) benchCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "dir", Required: true, Usage: "directory on the disk to measure (a scratch store is made and removed there)"},
 			&ucli.StringFlag{Name: "compress", Value: "none", Usage: "none, zstd, s2 or auto"},
 			&ucli.StringFlag{Name: "data", Value: "bf16", Usage: "bf16 (normal(0, 0.02) values, like model weights) or random"},
-			&ucli.IntFlag{Name: "rounds", Value: 2, Usage: "alternate raw and stasis runs this many times; the best of each is reported"},
+			&ucli.DurationFlag{Name: "settle", Value: time.Second, Usage: "before each timed step, sync and wait this long for the disk to finish earlier work"},
+			&ucli.IntFlag{Name: "rounds", Value: 3, Usage: "alternate raw and stasis runs this many times; the best of each is reported"},
 			&ucli.IntFlag{Name: "workers", Usage: "goroutines for both (default: one per CPU)"},
 			&ucli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
 		},
@@ -61,7 +63,7 @@ func (e *env) benchCommand() *ucli.Command {
 			if err != nil {
 				return usagef("--compress: " + err.Error())
 			}
-			o := bench.Options{Dir: c.String("dir"), Size: size, Method: method, Data: c.String("data"), Rounds: c.Int("rounds"), Workers: c.Int("workers")}
+			o := bench.Options{Dir: c.String("dir"), Size: size, Method: method, Data: c.String("data"), Rounds: c.Int("rounds"), Workers: c.Int("workers"), Settle: c.Duration("settle")}
 			if !c.Bool("json") {
 				o.Log = func(msg string) { fmt.Fprintln(e.stderr, msg) }
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"runtime"
 	"slices"
 )
 
@@ -12,6 +13,12 @@ import (
 // large enough for efficient direct I/O and compression, small enough that
 // many chunks are in flight at once.
 const DefaultChunkSize = 4 << 20
+
+// DefaultWorkers is how many goroutines move chunks when a caller does not
+// say: one per CPU, and at least four, so that a few direct I/O requests are
+// in flight at once even on a small machine (a worker waiting for the disk
+// uses no CPU).
+func DefaultWorkers() int { return max(runtime.GOMAXPROCS(0), 4) }
 
 // MaxChunkSize bounds the chunk size a data file may declare, so that a
 // hostile or broken manifest cannot make a reader allocate without limit.

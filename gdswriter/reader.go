@@ -7,7 +7,6 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
-	"runtime"
 	"sync"
 )
 
@@ -35,37 +34,46 @@ func (r *Reader) Close() error { return r.file.close() }
 
 // ReadOptions configure Stream.
 type ReadOptions struct {
-	// Workers reading and decoding at once; GOMAXPROCS when zero.
+	// Workers reading and decoding at once; DefaultWorkers() when zero.
 	Workers int
 	// Progress, when set, is called with each chunk's raw size once it has
 	// been delivered.
 	Progress func(rawBytes int64)
 }
 
-// readChunk reads chunk c (index i) into ext, checks its stored checksum,
-// decodes it into dst when it is not raw, and checks the decoded checksum.
+// readChunk reads chunk c (index i) into ext (at least c.Extent() bytes,
+// aligned), checks its stored checksum, decodes it into dst when it is not
+// raw, and checks the decoded checksum. Raw chunks are checked in one pass:
+// the CRC of the data, extended over the zero padding, is the extent's CRC.
 // The returned bytes alias ext (raw chunks) or dst.
-func (r *Reader) readChunk(i int, c Chunk, ext, dst *alignedBuffer, dec *Decoder) ([]byte, error) {
+func (r *Reader) readChunk(i int, c Chunk, ext, dst []byte, dec *Decoder) ([]byte, error) {
 	bad := func(format string, args ...any) error {
 		return &ChunkError{Path: r.path, Index: i, Offset: c.Offset, Reason: fmt.Sprintf(format, args...)}
 	}
-	extent := ext.mem[:c.Extent()]
+	extent := ext[:c.Extent()]
 	if err := r.file.readAt(extent, c.Offset); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, bad("file is truncated")
 		}
 		return nil, fmt.Errorf("read %s: %w", r.path, err)
 	}
+	stored := extent[:c.Stored]
+	if c.Codec == CodecRaw {
+		rawCRC := crc32.Checksum(stored, castagnoli)
+		if got := crc32.Update(rawCRC, castagnoli, extent[c.Stored:]); got != c.CRC {
+			return nil, bad("checksum mismatch (stored CRC32C %08x, read %08x)", c.CRC, got)
+		}
+		if rawCRC != c.RawCRC {
+			return nil, bad("decoded data checksum mismatch (stored CRC32C %08x, decoded %08x)", c.RawCRC, rawCRC)
+		}
+		return stored, nil
+	}
 	if got := crc32.Checksum(extent, castagnoli); got != c.CRC {
 		return nil, bad("checksum mismatch (stored CRC32C %08x, read %08x)", c.CRC, got)
 	}
-	raw := extent[:c.Stored]
-	if c.Codec != CodecRaw {
-		var err error
-		raw, err = dec.Decode(dst.mem[:0], raw, c.Codec, int(c.Raw))
-		if err != nil {
-			return nil, bad("cannot decode %s chunk: %v", c.Codec, err)
-		}
+	raw, err := dec.Decode(dst[:0], stored, c.Codec, int(c.Raw))
+	if err != nil {
+		return nil, bad("cannot decode %s chunk: %v", c.Codec, err)
 	}
 	if int64(len(raw)) != c.Raw {
 		return nil, bad("decoded to %d bytes, expected %d", len(raw), c.Raw)
@@ -98,7 +106,7 @@ func (r *Reader) Stream(ctx context.Context, chunks []Chunk, o ReadOptions, fn f
 	}
 	workers := o.Workers
 	if workers <= 0 {
-		workers = runtime.GOMAXPROCS(0)
+		workers = DefaultWorkers()
 	}
 	var bufSize int64
 	for _, c := range chunks {
@@ -189,11 +197,70 @@ func (r *Reader) readTask(ctx context.Context, pool *bufferPool, dec *Decoder, c
 	}
 	ext := pool.get()
 	if c.Codec == CodecRaw {
-		raw, err := r.readChunk(i, c, ext, nil, dec)
+		raw, err := r.readChunk(i, c, ext.mem, nil, dec)
 		return readResult{raw: raw, bufs: [2]*alignedBuffer{ext}, err: err}
 	}
 	dst := pool.get()
-	raw, err := r.readChunk(i, c, ext, dst, dec)
+	raw, err := r.readChunk(i, c, ext.mem, dst.mem, dec)
 	pool.put(ext)
 	return readResult{raw: raw, bufs: [2]*alignedBuffer{dst}, err: err}
+}
+
+// ReadInto reads every chunk of the table into dst, chunk i at
+// i*chunkSize, with several workers in any order, verifying and decoding
+// each. Raw chunks whose place in dst is aligned (pinned or mapped memory)
+// are read straight into it; compressed chunks are decoded straight into
+// it. dst must hold exactly the chunks' raw bytes. On error, dst holds an
+// unspecified mix of old and new bytes.
+func (r *Reader) ReadInto(ctx context.Context, chunks []Chunk, chunkSize int64, dst []byte, o ReadOptions) error {
+	var total int64
+	for _, c := range chunks {
+		total += c.Raw
+	}
+	if total != int64(len(dst)) {
+		return fmt.Errorf("gdswriter: destination holds %d bytes, the chunks %d", len(dst), total)
+	}
+	workers := o.Workers
+	if workers <= 0 {
+		workers = DefaultWorkers()
+	}
+	var bufSize int64
+	for _, c := range chunks {
+		bufSize = max(bufSize, c.Extent())
+	}
+	pool, err := newBufferPool(min(workers, len(chunks)), int(max(bufSize, Alignment)))
+	if err != nil {
+		return err
+	}
+	defer pool.close()
+	dec := make(chan *Decoder, workers)
+	for i := 0; i < workers; i++ {
+		dec <- NewDecoder()
+	}
+	return forBlocks(ctx, len(chunks), 1, workers, func(i, _ int) error {
+		c := chunks[i]
+		lo := int64(i) * chunkSize
+		target := dst[lo : lo+c.Raw : lo+c.Raw]
+		d := <-dec
+		defer func() { dec <- d }()
+		if c.Codec == CodecRaw && c.Extent() == c.Raw && isAligned(target) {
+			if _, err := r.readChunk(i, c, target, nil, d); err != nil {
+				return err
+			}
+		} else {
+			ext := pool.get()
+			raw, err := r.readChunk(i, c, ext.mem, target, d)
+			if err == nil && (len(raw) == 0 || &raw[0] != &target[0]) {
+				copy(target, raw)
+			}
+			pool.put(ext)
+			if err != nil {
+				return err
+			}
+		}
+		if o.Progress != nil {
+			o.Progress(c.Raw)
+		}
+		return nil
+	})
 }

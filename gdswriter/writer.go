@@ -7,9 +7,9 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // WriterOptions configure a Writer. The zero value is usable.
@@ -23,7 +23,7 @@ type WriterOptions struct {
 	// fp32, 0 when unknown) to the byte-plane codecs.
 	ElemSize int
 	// Workers is the number of goroutines encoding and writing chunks;
-	// GOMAXPROCS when zero.
+	// DefaultWorkers() when zero.
 	Workers int
 	// NoDirect turns O_DIRECT off.
 	NoDirect bool
@@ -46,7 +46,7 @@ func (o *WriterOptions) fill() error {
 		return err
 	}
 	if o.Workers <= 0 {
-		o.Workers = runtime.GOMAXPROCS(0)
+		o.Workers = DefaultWorkers()
 	}
 	return nil
 }
@@ -88,10 +88,20 @@ type Writer struct {
 	done   bool
 }
 
+// writeJob is one chunk for a worker: either a pool buffer holding n bytes,
+// or (buf nil) a full chunk of caller memory passed to WriteShared.
 type writeJob struct {
-	index int
-	buf   *alignedBuffer
-	n     int
+	index  int
+	buf    *alignedBuffer
+	shared []byte
+	n      int
+}
+
+func (j writeJob) raw() []byte {
+	if j.buf == nil {
+		return j.shared
+	}
+	return j.buf.mem[:j.n]
 }
 
 // Create makes a new data file at path (it must not exist) and starts the
@@ -180,6 +190,38 @@ func (w *Writer) ReadFrom(r io.Reader) (int64, error) {
 	}
 }
 
+// WriteShared appends p to the stream like Write, but hands whole chunks of
+// p to the workers without copying them when p's memory is aligned to
+// Alignment (memory from mmap, pinned host buffers). The caller must leave p
+// unchanged until Close returns. Unaligned memory, and any part of p that
+// does not fill a whole chunk, is copied as Write does.
+func (w *Writer) WriteShared(p []byte) error {
+	for len(p) > 0 {
+		if w.curLen > 0 || len(p) < w.opts.ChunkSize || !isAligned(p) {
+			n := len(p)
+			if w.curLen > 0 || !isAligned(p) {
+				n = min(n, w.opts.ChunkSize-w.curLen)
+			}
+			if _, err := w.Write(p[:n]); err != nil {
+				return err
+			}
+			p = p[n:]
+			continue
+		}
+		if w.done {
+			return errors.New("gdswriter: write after Close or Abort")
+		}
+		if err := w.failure(); err != nil {
+			return err
+		}
+		w.jobs <- writeJob{index: w.next, shared: p[:w.opts.ChunkSize], n: w.opts.ChunkSize}
+		w.next++
+		w.rawSize += int64(w.opts.ChunkSize)
+		p = p[w.opts.ChunkSize:]
+	}
+	return nil
+}
+
 // fillBuffer makes sure a chunk buffer with free room is at hand.
 func (w *Writer) fillBuffer() error {
 	if w.done {
@@ -227,20 +269,26 @@ func (w *Writer) work() {
 				}
 			}
 		}
-		w.pool.put(job.buf)
+		if job.buf != nil {
+			w.pool.put(job.buf)
+		}
 	}
 }
 
 // writeChunk encodes one chunk, checksums it and writes it at a fresh
 // extent of the file.
 func (w *Writer) writeChunk(enc *Encoder, out *alignedBuffer, job writeJob) error {
-	raw := job.buf.mem[:job.n]
+	raw := job.raw()
 	rawCRC := crc32.Checksum(raw, castagnoli)
 	stored, codec := enc.Encode(raw)
 	var extent []byte
 	if codec == CodecRaw || len(stored) > w.opts.ChunkSize {
 		codec, stored = CodecRaw, raw
-		extent = job.buf.mem[:alignUp(int64(len(raw)))]
+		if job.buf != nil {
+			extent = job.buf.mem[:alignUp(int64(len(raw)))]
+		} else {
+			extent = raw // a whole chunk: already aligned, nothing to pad
+		}
 	} else {
 		copy(out.mem, stored)
 		extent = out.mem[:alignUp(int64(len(stored)))]
@@ -321,4 +369,9 @@ func (w *Writer) Abort() {
 	w.fail(errors.New("gdswriter: aborted"))
 	w.stop()
 	w.file.close()
+}
+
+// isAligned reports whether p starts at a multiple of Alignment in memory.
+func isAligned(p []byte) bool {
+	return len(p) > 0 && uintptr(unsafe.Pointer(&p[0]))%Alignment == 0
 }
