@@ -9,9 +9,12 @@ LDFLAGS := -X github.com/stasis-ckpt/stasis/cli.Version=$(VERSION)
 
 all: deps build
 
-# Debian packages the tests use and the Go modules (scripts/install-deps.sh).
+# Debian packages the tests use, the Go modules (scripts/install-deps.sh),
+# and a CRIU >= 4.0: the distribution's, or one built into bin/criu
+# (scripts/install-criu.sh).
 deps:
 	./scripts/install-deps.sh
+	./scripts/install-criu.sh
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/stasis ./cmd/stasis
@@ -34,4 +37,4 @@ bench: build
 	./bin/stasis bench --dir $(BENCH_DIR) --size 2GiB --compress auto
 
 clean:
-	rm -rf bin
+	rm -rf bin build
