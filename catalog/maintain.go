@@ -78,6 +78,7 @@ type GCReport struct {
 	StagingRemoved []string `json:"staging_removed"` // abandoned partial checkpoints removed
 	StagingBusy    []string `json:"staging_busy"`    // partial checkpoints still being written
 	TrashRemoved   []string `json:"trash_removed"`   // leftovers of interrupted removals
+	ScratchRemoved []string `json:"scratch_removed"` // scratch directories of killed processes
 	RemovalsDone   []string `json:"removals_done"`   // interrupted removals finished
 	Indexed        []string `json:"indexed"`         // complete checkpoints missing from the index, added
 	Lost           []string `json:"lost"`            // index records without a checkpoint directory, dropped
@@ -170,6 +171,15 @@ func (s *Store) GC() (GCReport, error) {
 			return rep, err
 		}
 		rep.TrashRemoved = append(rep.TrashRemoved, e.Name())
+	}
+
+	for _, base := range []string{s.path(scratchDir), RAMScratchBase} {
+		removed, n, err := gcScratch(base)
+		rep.ScratchRemoved = append(rep.ScratchRemoved, removed...)
+		rep.BytesReclaimed += n
+		if err != nil {
+			return rep, err
+		}
 	}
 
 	// Complete checkpoints the index does not know: a crash between the

@@ -74,6 +74,8 @@ func (e *env) app() *ucli.App {
 		Commands: []*ucli.Command{
 			e.saveCommand(),
 			e.loadCommand(),
+			e.checkpointCommand(),
+			e.restoreCommand(),
 			e.lsCommand(),
 			e.showCommand(),
 			e.verifyCommand(),

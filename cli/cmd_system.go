@@ -2,11 +2,11 @@ package cli
 
 import (
 	"fmt"
-	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/stasis-ckpt/stasis/bench"
+	"github.com/stasis-ckpt/stasis/criu"
 	"github.com/stasis-ckpt/stasis/doctor"
 	"github.com/stasis-ckpt/stasis/gdswriter"
 	ucli "github.com/urfave/cli/v2"
@@ -21,7 +21,8 @@ func (e *env) doctorCommand() *ucli.Command {
 			if err := noArgs(c); err != nil {
 				return err
 			}
-			checks := doctor.Run(c.Context, doctor.Options{StoreDir: storeDir(c), CRIUPath: os.Getenv("STASIS_CRIU")})
+			criuPath, _ := criu.Find() // "" lets doctor report it missing
+			checks := doctor.Run(c.Context, doctor.Options{StoreDir: storeDir(c), CRIUPath: criuPath})
 			if c.Bool("json") {
 				return printJSON(e.stdout, map[string]any{"checks": checks, "worst": doctor.Worst(checks)})
 			}

@@ -6,8 +6,11 @@ import (
 	"io/fs"
 
 	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/checkpoint"
+	"github.com/stasis-ckpt/stasis/criu"
 	"github.com/stasis-ckpt/stasis/fileset"
 	"github.com/stasis-ckpt/stasis/gdswriter"
+	"github.com/stasis-ckpt/stasis/restore"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,6 +24,8 @@ const (
 	ExitCorrupt     = 5   // stored data or a manifest failed its checks
 	ExitBusy        = 6   // the catalog stayed locked past --lock-timeout
 	ExitNoSpace     = 7   // the store's file system is full; the partial checkpoint was removed
+	ExitMissingTool = 8   // CRIU is missing or too old
+	ExitPIDInUse    = 9   // a PID the restored tree needs is taken
 	ExitInterrupted = 130 // stopped by SIGINT or SIGTERM; the partial checkpoint was removed
 )
 
@@ -41,6 +46,12 @@ func exitCode(err error) int {
 		return ExitUsage
 	case errors.Is(err, context.Canceled):
 		return ExitInterrupted
+	case errors.Is(err, criu.ErrNotInstalled), errors.Is(err, criu.ErrTooOld):
+		return ExitMissingTool
+	case errors.Is(err, restore.ErrPIDInUse):
+		return ExitPIDInUse
+	case errors.Is(err, checkpoint.ErrNoProcess):
+		return ExitNotFound
 	case errors.Is(err, catalog.ErrAmbiguous):
 		return ExitAmbiguous
 	case errors.Is(err, catalog.ErrNotFound):

@@ -75,44 +75,52 @@ func plan(paths []string) ([]source, int64, error) {
 			return nil, 0, fmt.Errorf("%w %s: %s has the same name %q; both would be stored under it", ErrSource, p, other, root)
 		}
 		roots[root] = p
-		err = filepath.WalkDir(abs, func(file string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return fmt.Errorf("%w %s: %w", ErrSource, file, unwrapPathError(err))
-			}
-			info, err := d.Info()
-			if err != nil {
-				return fmt.Errorf("%w %s: %w", ErrSource, file, unwrapPathError(err))
-			}
-			rel, _ := filepath.Rel(abs, file)
-			name := path.Join(root, filepath.ToSlash(rel))
-			mtime := info.ModTime().UTC()
-			e := catalog.Entry{Path: name, Mode: uint32(info.Mode().Perm()), MTime: &mtime}
-			switch {
-			case info.Mode().IsRegular():
-				e.Type, e.Size = catalog.EntryFile, info.Size()
-				total += e.Size
-			case info.IsDir():
-				e.Type = catalog.EntryDir
-			case info.Mode()&fs.ModeSymlink != 0:
-				target, err := os.Readlink(file)
-				if err != nil {
-					return fmt.Errorf("%w %s: %v", ErrSource, file, err)
-				}
-				e.Type, e.Link, e.Mode, e.MTime = catalog.EntrySymlink, target, 0, nil
-			default:
-				return fmt.Errorf("%w %s: a %s cannot be saved (only files, directories and symlinks)", ErrSource, file, describeMode(info.Mode()))
-			}
-			if !catalog.ValidEntryPath(e.Path) {
-				return fmt.Errorf("%w %s: name cannot be stored", ErrSource, file)
-			}
-			srcs = append(srcs, source{entry: e, from: file})
-			return nil
-		})
-		if err != nil {
+		if err := walk(abs, root, &srcs, &total); err != nil {
 			return nil, 0, err
 		}
 	}
 	return srcs, total, nil
+}
+
+// walk adds the tree at abs to srcs, each entry's path prefixed with prefix
+// ("" for paths relative to abs, and abs itself left out).
+func walk(abs, prefix string, srcs *[]source, total *int64) error {
+	return filepath.WalkDir(abs, func(file string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return fmt.Errorf("%w %s: %w", ErrSource, file, unwrapPathError(err))
+		}
+		rel, _ := filepath.Rel(abs, file)
+		if prefix == "" && rel == "." {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return fmt.Errorf("%w %s: %w", ErrSource, file, unwrapPathError(err))
+		}
+		name := path.Join(prefix, filepath.ToSlash(rel))
+		mtime := info.ModTime().UTC()
+		e := catalog.Entry{Path: name, Mode: uint32(info.Mode().Perm()), MTime: &mtime}
+		switch {
+		case info.Mode().IsRegular():
+			e.Type, e.Size = catalog.EntryFile, info.Size()
+			*total += e.Size
+		case info.IsDir():
+			e.Type = catalog.EntryDir
+		case info.Mode()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(file)
+			if err != nil {
+				return fmt.Errorf("%w %s: %v", ErrSource, file, err)
+			}
+			e.Type, e.Link, e.Mode, e.MTime = catalog.EntrySymlink, target, 0, nil
+		default:
+			return fmt.Errorf("%w %s: a %s cannot be saved (only files, directories and symlinks)", ErrSource, file, describeMode(info.Mode()))
+		}
+		if !catalog.ValidEntryPath(e.Path) {
+			return fmt.Errorf("%w %s: name cannot be stored", ErrSource, file)
+		}
+		*srcs = append(*srcs, source{entry: e, from: file})
+		return nil
+	})
 }
 
 func unwrapPathError(err error) error {
@@ -147,7 +155,11 @@ func Save(ctx context.Context, s *catalog.Store, paths []string, o SaveOptions) 
 	if err != nil {
 		return nil, err
 	}
-	rec, err := save(ctx, p, srcs, o)
+	if err := add(ctx, p, srcs, o.Writer); err != nil {
+		p.Abort()
+		return nil, err
+	}
+	rec, err := p.Commit()
 	if err != nil {
 		p.Abort()
 		return nil, err
@@ -155,10 +167,24 @@ func Save(ctx context.Context, s *catalog.Store, paths []string, o SaveOptions) 
 	return rec, nil
 }
 
-func save(ctx context.Context, p *catalog.Pending, srcs []source, o SaveOptions) (*catalog.Record, error) {
-	w, err := gdswriter.Create(ctx, p.Path(dataFileName), o.Writer)
+// AddDir packs everything below dir (not dir itself) into a pending
+// checkpoint of any kind, as its data file and entries, with paths relative
+// to dir. It is how a process checkpoint stores CRIU's image directory.
+func AddDir(ctx context.Context, p *catalog.Pending, dir string, o gdswriter.WriterOptions) error {
+	var srcs []source
+	var total int64
+	if err := walk(dir, "", &srcs, &total); err != nil {
+		return err
+	}
+	return add(ctx, p, srcs, o)
+}
+
+// add writes the sources into the pending checkpoint's data file and adds
+// their entries and the data file to its manifest.
+func add(ctx context.Context, p *catalog.Pending, srcs []source, o gdswriter.WriterOptions) error {
+	w, err := gdswriter.Create(ctx, p.Path(dataFileName), o)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for i := range srcs {
 		e := &srcs[i].entry
@@ -166,19 +192,19 @@ func save(ctx context.Context, p *catalog.Pending, srcs []source, o SaveOptions)
 			e.Offset = w.Offset()
 			if err := copyFile(w, srcs[i].from, e.Size); err != nil {
 				w.Abort()
-				return nil, err
+				return err
 			}
 		}
 		p.Manifest.Entries = append(p.Manifest.Entries, *e)
 	}
 	res, err := w.Close()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	p.Manifest.Files = []catalog.DataFile{{
+	p.Manifest.Files = append(p.Manifest.Files, catalog.DataFile{
 		Name: dataFileName, Size: res.Size, RawSize: res.RawSize, ChunkSize: res.ChunkSize, Chunks: res.Chunks,
-	}}
-	return p.Commit()
+	})
+	return nil
 }
 
 // copyFile streams one file into w and checks it still has the size it had
@@ -268,6 +294,14 @@ func moveInto(tmp, dir string) error {
 	return os.Remove(tmp)
 }
 
+// Unpack writes every entry of a complete checkpoint, of any kind, under
+// root (an existing, empty directory), verifying every chunk as it goes.
+// Unlike Load it writes in place: the caller owns root and removes it if
+// Unpack fails.
+func Unpack(ctx context.Context, s *catalog.Store, m *catalog.Manifest, root string, o LoadOptions) error {
+	return unpack(ctx, s, m, root, o)
+}
+
 func unpack(ctx context.Context, s *catalog.Store, m *catalog.Manifest, root string, o LoadOptions) error {
 	local := func(e catalog.Entry) string { return filepath.Join(root, filepath.FromSlash(e.Path)) }
 	for _, e := range m.Entries {
@@ -315,11 +349,15 @@ func unpack(ctx context.Context, s *catalog.Store, m *catalog.Manifest, root str
 }
 
 // writeFiles streams the data file once, in order, and cuts it into the
-// file entries (which Save laid out one after another).
+// file entries (which Save laid out one after another; entries may leave
+// gaps between them, but must not overlap).
 func writeFiles(ctx context.Context, s *catalog.Store, m *catalog.Manifest, files []catalog.Entry, local func(catalog.Entry) string, o LoadOptions) error {
 	sort.SliceStable(files, func(i, j int) bool { return files[i].Offset < files[j].Offset })
 	byFile := map[int][]catalog.Entry{}
 	for _, e := range files {
+		if prev := byFile[e.File]; len(prev) > 0 && e.Offset < prev[len(prev)-1].Offset+prev[len(prev)-1].Size {
+			return fmt.Errorf("%w: files %s and %s share bytes of the data stream, which load cannot restore", catalog.ErrBadManifest, prev[len(prev)-1].Path, e.Path)
+		}
 		byFile[e.File] = append(byFile[e.File], e)
 	}
 	for fi, df := range m.Files {
@@ -354,8 +392,13 @@ func writeFiles(ctx context.Context, s *catalog.Store, m *catalog.Manifest, file
 					return err
 				}
 				if out == nil {
-					pos += int64(len(raw))
-					return nil
+					// No file at pos: skip to where the next one starts.
+					skip := int64(len(raw))
+					if next < len(entries) {
+						skip = min(skip, entries[next].Offset-pos)
+					}
+					raw, pos = raw[skip:], pos+skip
+					continue
 				}
 				e := entries[next]
 				if pos < e.Offset {

@@ -1,0 +1,113 @@
+package cli
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/checkpoint"
+	"github.com/stasis-ckpt/stasis/criu"
+	"github.com/stasis-ckpt/stasis/gdswriter"
+	"github.com/stasis-ckpt/stasis/restore"
+	ucli "github.com/urfave/cli/v2"
+)
+
+func criuFlags() []ucli.Flag {
+	return []ucli.Flag{
+		&ucli.BoolFlag{Name: "shell-job", Usage: "allow a process tree that belongs to a terminal session"},
+		&ucli.BoolFlag{Name: "tcp-established", Usage: "checkpoint established TCP connections"},
+		&ucli.BoolFlag{Name: "ext-unix-sk", Usage: "allow unix sockets connected outside the tree"},
+		&ucli.BoolFlag{Name: "file-locks", Usage: "checkpoint file locks"},
+	}
+}
+
+func (e *env) checkpointCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "checkpoint",
+		Usage: "checkpoint a running process tree with CRIU; prints the new ID last",
+		Flags: append([]ucli.Flag{
+			&ucli.IntFlag{Name: "pid", Required: true, Usage: "the root of the process tree"},
+			&ucli.StringFlag{Name: "job", Usage: "the job it belongs to (default: the process's name)"},
+			&ucli.Int64Flag{Name: "step", Usage: "the training step, if known"},
+			&ucli.BoolFlag{Name: "leave-running", Usage: "keep the process running after the checkpoint"},
+			&ucli.StringFlag{Name: "compress", Value: "auto", Usage: "none, zstd, s2 or auto"},
+			&ucli.StringSliceFlag{Name: "tag", Usage: "key=value, repeatable"},
+			&ucli.BoolFlag{Name: "json", Usage: "print the record and timings as JSON"},
+		}, criuFlags()...),
+		Action: func(c *ucli.Context) error {
+			if err := noArgs(c); err != nil {
+				return err
+			}
+			method, err := gdswriter.ParseMethod(c.String("compress"))
+			if err != nil {
+				return usagef("--compress: " + err.Error())
+			}
+			tags, err := parseTags(c.StringSlice("tag"))
+			if err != nil {
+				return err
+			}
+			s, err := openStore(c)
+			if err != nil {
+				return err
+			}
+			res, err := checkpoint.Run(c.Context, s, checkpoint.Options{
+				PID: c.Int("pid"), Job: c.String("job"), Step: c.Int64("step"), Tags: tags,
+				LeaveRunning: c.Bool("leave-running"),
+				CRIU: criu.Options{ShellJob: c.Bool("shell-job"), TCPEstablished: c.Bool("tcp-established"),
+					ExtUnixSockets: c.Bool("ext-unix-sk"), FileLocks: c.Bool("file-locks")},
+				Writer: gdswriter.WriterOptions{Method: method},
+			})
+			if err != nil {
+				return err
+			}
+			rec := res.Record
+			if c.Bool("json") {
+				return printJSON(e.stdout, map[string]any{
+					"record": rec, "dump_seconds": res.Dump.Seconds(), "store_seconds": res.Store.Seconds(),
+					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM,
+				})
+			}
+			fmt.Fprintf(e.stderr, "checkpointed PID %d (job %s): %s of images stored as %s (%.3f); dump %s, store %s, total %s\n",
+				c.Int("pid"), rec.Job, humanBytes(rec.Bytes), humanBytes(rec.StoredBytes), ratio(rec.StoredBytes, rec.Bytes),
+				res.Dump.Round(time.Millisecond), res.Store.Round(time.Millisecond), res.Total.Round(time.Millisecond))
+			fmt.Fprintln(e.stdout, rec.ID)
+			return nil
+		},
+	}
+}
+
+func (e *env) restoreCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "restore",
+		Usage:     "restore a process checkpoint with CRIU, detached; prints the restored PID last",
+		ArgsUsage: "ID | --job J --latest",
+		Flags: append(selectorFlags(),
+			&ucli.DurationFlag{Name: "pid-wait", Value: 5 * time.Second, Usage: "how long to wait for the checkpoint's PIDs to become free"},
+			&ucli.BoolFlag{Name: "json", Usage: "print the PID and timings as JSON"},
+		),
+		Action: func(c *ucli.Context) error {
+			s, err := openStore(c)
+			if err != nil {
+				return err
+			}
+			rec, err := selectCheckpoint(c, s)
+			if err != nil {
+				return err
+			}
+			res, err := restore.Run(c.Context, s, rec.ID, restore.Options{PIDWait: c.Duration("pid-wait"), Read: catalog.ReadOptions{}})
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(e.stdout, map[string]any{
+					"id": rec.ID, "pid": res.PID, "unpack_seconds": res.Unpack.Seconds(), "criu_seconds": res.CRIU.Seconds(),
+					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM,
+				})
+			}
+			fmt.Fprintf(e.stderr, "restored %s (job %s, step %d): unpack %s, criu %s\n", rec.ID, rec.Job, rec.Step,
+				res.Unpack.Round(time.Millisecond), res.CRIU.Round(time.Millisecond))
+			fmt.Fprintln(e.stdout, res.PID)
+			return nil
+		},
+	}
+}

@@ -1,0 +1,319 @@
+// Package criu drives CRIU (criu swrk, through go-criu) to dump process
+// trees into image directories and restore them. It owns the option set
+// stasis uses, finding a CRIU binary and checking its version, feature
+// probes, the notify callbacks that let other steps (the store commit, the
+// CUDA checkpoint) run while the tree is frozen, and the error lines quoted
+// from CRIU's own log when something fails.
+//
+// CRIU needs root (or CAP_CHECKPOINT_RESTORE and friends); kernels from 6.13
+// on need CRIU 4.1 or later.
+package criu
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	gocriu "github.com/checkpoint-restore/go-criu/v7"
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"google.golang.org/protobuf/proto"
+)
+
+// MinVersion is the oldest CRIU stasis accepts (major*10000+minor*100+sub).
+const MinVersion = 40000
+
+// Log file names, written into the images directory.
+const (
+	DumpLog    = "dump.log"
+	RestoreLog = "restore.log"
+)
+
+// ErrNotInstalled is returned when no criu binary can be found.
+var ErrNotInstalled = errors.New("criu is not installed")
+
+// ErrTooOld is returned for a CRIU older than MinVersion.
+var ErrTooOld = errors.New("criu is too old")
+
+// Find returns the criu binary stasis uses: $STASIS_CRIU, else a criu next
+// to the running executable (where `make` builds one), else criu on PATH.
+func Find() (string, error) {
+	if p := os.Getenv("STASIS_CRIU"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("%w: STASIS_CRIU=%s: %v", ErrNotInstalled, p, err)
+		}
+		return p, nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		beside := filepath.Join(filepath.Dir(exe), "criu")
+		if st, err := os.Stat(beside); err == nil && st.Mode().IsRegular() {
+			return beside, nil
+		}
+	}
+	if p, err := exec.LookPath("criu"); err == nil {
+		return p, nil
+	}
+	return "", fmt.Errorf("%w: no criu in $STASIS_CRIU, beside stasis, or on PATH; run `make` to build CRIU 4.1.1 into bin/, or install CRIU >= 4.0", ErrNotInstalled)
+}
+
+// Version runs `criu --version` and returns the version as
+// major*10000 + minor*100 + sublevel (as go-criu's GetCriuVersion does).
+func Version(path string) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, "--version").Output()
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s --version: %v", ErrNotInstalled, path, err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "Version:")
+		if !ok {
+			continue
+		}
+		var major, minor, sub int
+		n, _ := fmt.Sscanf(strings.TrimSpace(rest), "%d.%d.%d", &major, &minor, &sub)
+		if n >= 2 {
+			return major*10000 + minor*100 + sub, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: %s --version printed no version", ErrNotInstalled, path)
+}
+
+// FormatVersion renders 40101 as "4.1.1".
+func FormatVersion(v int) string {
+	return fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100)
+}
+
+// Resolve finds criu (or uses path when set) and checks its version.
+func Resolve(path string) (string, int, error) {
+	if path == "" {
+		var err error
+		if path, err = Find(); err != nil {
+			return "", 0, err
+		}
+	}
+	v, err := Version(path)
+	if err != nil {
+		return "", 0, err
+	}
+	if v < MinVersion {
+		return "", 0, fmt.Errorf("%w: %s is CRIU %s; kernels from 6.13 on need CRIU >= 4.1 (run `make` to build 4.1.1 into bin/, or set STASIS_CRIU)", ErrTooOld, path, FormatVersion(v))
+	}
+	return path, v, nil
+}
+
+// HasFeature runs `criu check --feature name` (mem_dirty_track, uffd,
+// pidfd_store, timens, ...). go-criu's FeatureCheck is not used: v7.2.0
+// returns the request rather than CRIU's answer.
+func HasFeature(ctx context.Context, path, name string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, "check", "--feature", name).CombinedOutput()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return false, nil
+		}
+		return false, fmt.Errorf("criu check --feature %s: %w", name, err)
+	}
+	return strings.Contains(string(out), "is supported"), nil
+}
+
+// Options are the CRIU options stasis exposes, translated into CRIU's RPC
+// options in one place (rpcOpts).
+type Options struct {
+	// Path of the criu binary; "" means Find.
+	Path string
+	// LeaveRunning keeps the tree running after a successful dump.
+	LeaveRunning bool
+	// ShellJob allows a tree that is part of a terminal session.
+	ShellJob bool
+	// TCPEstablished dumps and restores established TCP connections.
+	TCPEstablished bool
+	// ExtUnixSockets allows unix sockets connected to peers outside the
+	// tree.
+	ExtUnixSockets bool
+	// FileLocks dumps and restores file locks.
+	FileLocks bool
+	// LogLevel of CRIU's log (0 to 4); 4 when zero, since the log is kept
+	// with the images and quoted on failure.
+	LogLevel int
+}
+
+func (o Options) rpcOpts(imagesDir, workDir *os.File, logFile string) *rpc.CriuOpts {
+	level := o.LogLevel
+	if level == 0 {
+		level = 4
+	}
+	return &rpc.CriuOpts{
+		ImagesDirFd:    proto.Int32(int32(imagesDir.Fd())),
+		WorkDirFd:      proto.Int32(int32(workDir.Fd())),
+		LogFile:        proto.String(logFile),
+		LogLevel:       proto.Int32(int32(level)),
+		LeaveRunning:   proto.Bool(o.LeaveRunning),
+		ShellJob:       proto.Bool(o.ShellJob),
+		TcpEstablished: proto.Bool(o.TCPEstablished),
+		ExtUnixSk:      proto.Bool(o.ExtUnixSockets),
+		FileLocks:      proto.Bool(o.FileLocks),
+	}
+}
+
+// Hooks run at CRIU's notify points. Each may be nil. An error from
+// PostDump makes CRIU resume the tree instead of killing it (and the dump
+// fails); an error from PreDump aborts the dump before anything is frozen
+// for long.
+type Hooks struct {
+	PreDump     func() error
+	PostDump    func() error
+	PreRestore  func() error
+	PostRestore func(pid int) error
+}
+
+type notifier struct {
+	gocriu.NoNotify
+	h Hooks
+}
+
+func (n notifier) PreDump() error {
+	if n.h.PreDump != nil {
+		return n.h.PreDump()
+	}
+	return nil
+}
+
+func (n notifier) PostDump() error {
+	if n.h.PostDump != nil {
+		return n.h.PostDump()
+	}
+	return nil
+}
+
+func (n notifier) PreRestore() error {
+	if n.h.PreRestore != nil {
+		return n.h.PreRestore()
+	}
+	return nil
+}
+
+func (n notifier) PostRestore(pid int32) error {
+	if n.h.PostRestore != nil {
+		return n.h.PostRestore(int(pid))
+	}
+	return nil
+}
+
+// Error is a failed CRIU operation, with the error lines of CRIU's log.
+type Error struct {
+	Op      string   // "dump" or "restore"
+	Err     error    // what go-criu or a hook reported
+	Log     string   // the log file
+	Excerpt []string // CRIU's error lines from it
+}
+
+func (e *Error) Error() string {
+	msg := fmt.Sprintf("criu %s failed: %v", e.Op, e.Err)
+	if len(e.Excerpt) > 0 {
+		msg += "; criu says: " + strings.Join(e.Excerpt, " | ")
+	}
+	return msg
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Dump dumps the tree rooted at pid into imagesDir, calling hooks at CRIU's
+// notify points. CRIU's log goes to workDir/dump.log: it is still being
+// written while PostDump runs, when the images are complete. Both
+// directories must exist.
+func Dump(o Options, pid int, imagesDir, workDir string, hooks Hooks) error {
+	return run("dump", o, imagesDir, workDir, DumpLog, hooks, func(c *gocriu.Criu, opts *rpc.CriuOpts, n gocriu.Notify) error {
+		opts.Pid = proto.Int32(int32(pid))
+		return c.Dump(opts, n)
+	})
+}
+
+// Restore restores the tree imaged in imagesDir, detached: the restored root
+// becomes a child of this process (restore-sibling), so it keeps running
+// after stasis exits. It returns the root's PID. CRIU's log goes to
+// workDir/restore.log.
+func Restore(o Options, imagesDir, workDir string, hooks Hooks) (int, error) {
+	pid := 0
+	inner := hooks.PostRestore
+	hooks.PostRestore = func(p int) error {
+		pid = p
+		if inner != nil {
+			return inner(p)
+		}
+		return nil
+	}
+	err := run("restore", o, imagesDir, workDir, RestoreLog, hooks, func(c *gocriu.Criu, opts *rpc.CriuOpts, n gocriu.Notify) error {
+		opts.RstSibling = proto.Bool(true)
+		return c.Restore(opts, n)
+	})
+	if err == nil && pid == 0 {
+		err = &Error{Op: "restore", Err: errors.New("CRIU reported success but no restored PID")}
+	}
+	return pid, err
+}
+
+func run(op string, o Options, imagesDir, workDir, logName string, hooks Hooks, do func(*gocriu.Criu, *rpc.CriuOpts, gocriu.Notify) error) error {
+	path, _, err := Resolve(o.Path)
+	if err != nil {
+		return err
+	}
+	images, err := os.Open(imagesDir)
+	if err != nil {
+		return err
+	}
+	defer images.Close()
+	work, err := os.Open(workDir)
+	if err != nil {
+		return err
+	}
+	defer work.Close()
+	c := gocriu.MakeCriu()
+	c.SetCriuPath(path)
+	logPath := filepath.Join(workDir, logName)
+	if err := do(c, o.rpcOpts(images, work, logName), notifier{h: hooks}); err != nil {
+		return &Error{Op: op, Err: err, Log: logPath, Excerpt: ErrorLines(logPath, 6)}
+	}
+	return nil
+}
+
+// ErrorLines returns up to max error lines of a CRIU log, without CRIU's
+// "(00.001234) Error (criu/x.c:12):" prefixes: what runc's logCriuErrors
+// shows its users.
+func ErrorLines(logPath string, max int) []string {
+	f, err := os.Open(logPath)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		i := strings.Index(line, "Error (")
+		if i < 0 {
+			continue
+		}
+		msg := line[i:]
+		if j := strings.Index(msg, "): "); j >= 0 {
+			msg = msg[j+3:]
+		}
+		msg = strings.TrimSpace(msg)
+		if msg == "" || strings.HasPrefix(msg, "Dumping FAILED") || strings.HasPrefix(msg, "Restoring FAILED") {
+			continue
+		}
+		lines = append(lines, msg)
+		if len(lines) == max {
+			break
+		}
+	}
+	return lines
+}

@@ -1,0 +1,130 @@
+// Package restore is the whole-process restore state machine: it checks the
+// checkpoint and the machine first (kind, CRIU version, the tree's PIDs
+// free), unpacks the images into a scratch directory (in RAM when they fit)
+// verifying every chunk before CRIU runs, and has CRIU restore the tree
+// detached, so that it outlives stasis.
+package restore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/checkpoint"
+	"github.com/stasis-ckpt/stasis/criu"
+	"github.com/stasis-ckpt/stasis/fileset"
+)
+
+// ErrPIDInUse is returned when a PID the tree must get back is taken.
+var ErrPIDInUse = errors.New("a PID the checkpoint needs is in use")
+
+// Options configure a restore.
+type Options struct {
+	CRIU criu.Options
+	// PIDWait is how long to wait for the tree's PIDs to become free (a
+	// just-killed process stays a zombie until its parent reaps it).
+	PIDWait time.Duration
+	Read    catalog.ReadOptions
+}
+
+// Result reports a restore.
+type Result struct {
+	PID                 int
+	Manifest            *catalog.Manifest
+	Unpack, CRIU, Total time.Duration
+	ImagesInRAM         bool
+}
+
+// Run restores the process checkpoint id.
+func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, error) {
+	start := time.Now()
+	m, err := s.ReadManifest(id)
+	if err != nil {
+		return nil, err
+	}
+	if m.Kind != catalog.KindProcess {
+		return nil, fmt.Errorf("%w: checkpoint %s is of kind %s; `stasis restore` restores process checkpoints (use `stasis load` for files)", catalog.ErrInvalid, id, m.Kind)
+	}
+	var meta checkpoint.Meta
+	if err := json.Unmarshal(m.Meta, &meta); err != nil || len(meta.Processes) == 0 {
+		return nil, fmt.Errorf("%w: checkpoint %s has no process description", catalog.ErrBadManifest, id)
+	}
+	criuPath, _, err := criu.Resolve(o.CRIU.Path)
+	if err != nil {
+		return nil, err
+	}
+	co := o.CRIU
+	co.Path = criuPath
+	co.ShellJob, co.TCPEstablished, co.ExtUnixSockets, co.FileLocks = meta.ShellJob, meta.TCPEstablished, meta.ExtUnixSockets, meta.FileLocks
+	if err := waitForPIDs(ctx, meta, o.PIDWait); err != nil {
+		return nil, err
+	}
+
+	scratch, err := s.NewScratch("restore", m.Bytes+256<<20)
+	if err != nil {
+		return nil, err
+	}
+	defer scratch.Remove()
+	images, work := filepath.Join(scratch.Dir, "images"), filepath.Join(scratch.Dir, "work")
+	for _, d := range []string{images, work} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	// Every chunk is verified here, before CRIU sees any image.
+	if err := fileset.Unpack(ctx, s, m, images, fileset.LoadOptions{Read: o.Read}); err != nil {
+		return nil, err
+	}
+	unpacked := time.Now()
+	// A PID may have been taken while we unpacked.
+	if err := waitForPIDs(ctx, meta, 0); err != nil {
+		return nil, err
+	}
+	pid, err := criu.Restore(co, images, work, criu.Hooks{})
+	if err != nil {
+		return nil, err
+	}
+	return &Result{
+		PID: pid, Manifest: m, ImagesInRAM: scratch.InRAM(),
+		Unpack: unpacked.Sub(start), CRIU: time.Since(unpacked), Total: time.Since(start),
+	}, nil
+}
+
+// waitForPIDs waits up to wait for every thread ID of the tree to be free.
+func waitForPIDs(ctx context.Context, meta checkpoint.Meta, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		pid, holder := takenPID(meta)
+		if holder == "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: PID %d is held by %s; CRIU restores the exact PIDs, so wait for it to go (retry with --pid-wait 30s) or end it", ErrPIDInUse, pid, holder)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func takenPID(meta checkpoint.Meta) (int, string) {
+	for _, p := range meta.Processes {
+		ids := p.Threads
+		if len(ids) == 0 {
+			ids = []int{p.PID}
+		}
+		for _, id := range ids {
+			if h := checkpoint.PIDHolder(id); h != "" {
+				return id, h
+			}
+		}
+	}
+	return 0, ""
+}
