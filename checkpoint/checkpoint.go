@@ -84,6 +84,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		return nil, err
 	}
 	o.CRIU.Path = criuPath
+	o.CRIU.LeaveRunning = o.LeaveRunning
 	if o.Job == "" {
 		o.Job = tree[0].Comm
 	}

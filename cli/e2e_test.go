@@ -493,3 +493,5 @@ func TestProgressOnTerminal(t *testing.T) {
 		t.Fatalf("no finished progress bar in %q", out)
 	}
 }
+
+func jsonDecode(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -45,7 +45,7 @@ var ErrTooOld = errors.New("criu is too old")
 func Find() (string, error) {
 	if p := os.Getenv("STASIS_CRIU"); p != "" {
 		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("%w: STASIS_CRIU=%s: %v", ErrNotInstalled, p, err)
+			return "", fmt.Errorf("%w: STASIS_CRIU=%s: %v (unset it to use the criu that `make` builds into bin/)", ErrNotInstalled, p, err)
 		}
 		return p, nil
 	}

@@ -1,0 +1,354 @@
+package cli_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stasis-ckpt/stasis/cli"
+	"github.com/stasis-ckpt/stasis/criu"
+)
+
+// The tests in this file run real CRIU on real process trees. They need
+// root and a CRIU >= 4.0 (`make` builds one into bin/criu); without them
+// they skip and say why.
+
+func requireCRIU(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("CRIU needs root")
+	}
+	if os.Getenv("STASIS_CRIU") == "" {
+		if abs, err := filepath.Abs("../bin/criu"); err == nil {
+			if _, err := os.Stat(abs); err == nil {
+				t.Setenv("STASIS_CRIU", abs)
+			}
+		}
+	}
+	if _, _, err := criu.Resolve(""); err != nil {
+		t.Skipf("no usable CRIU (run make): %v", err)
+	}
+}
+
+// startDetached starts a command in its own session, orphaned so that init
+// is its parent, as a job started by a scheduler would be; returns its PID.
+func startDetached(t *testing.T, args ...string) int {
+	t.Helper()
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	out, err := exec.Command("sh", "-c", "setsid "+strings.Join(quoted, " ")+" </dev/null >/dev/null 2>&1 & echo $!").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { killTree(pid) })
+	return pid
+}
+
+func killTree(pid int) {
+	syscall.Kill(-pid, syscall.SIGKILL) // its session's process group
+	syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// alive reports whether pid runs (not a zombie, not gone).
+func alive(pid int) bool {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	return !strings.Contains(string(status), "State:\tZ")
+}
+
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if !alive(pid) {
+			return
+		}
+	}
+	t.Fatalf("PID %d is still running", pid)
+}
+
+// counts reads the numbers a counter appended to out.
+func counts(t *testing.T, out string) []int {
+	t.Helper()
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ns []int
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		if n, err := strconv.Atoi(line); err == nil {
+			ns = append(ns, n)
+		}
+	}
+	return ns
+}
+
+// waitCounting waits until out holds more than n numbers.
+func waitCounting(t *testing.T, out string, n int) []int {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(out); err == nil {
+			if ns := counts(t, out); len(ns) > n {
+				return ns
+			}
+		}
+	}
+	t.Fatalf("%s stopped growing at %d numbers", out, n)
+	return nil
+}
+
+// consecutive fails unless ns is 1, 2, 3, ... with no gap or repeat: what a
+// counter frozen, dumped and restored exactly must leave.
+func consecutive(t *testing.T, ns []int) {
+	t.Helper()
+	for i, n := range ns {
+		if n != i+1 {
+			t.Fatalf("count %d is %d: the restored job did not go on from where it stopped (%v ...)", i+1, n, ns[max(0, i-3):min(len(ns), i+3)])
+		}
+	}
+}
+
+func checkpointPID(t *testing.T, home string, pid int, args ...string) string {
+	t.Helper()
+	r := mustRun(t, home, append([]string{"checkpoint", "--pid", strconv.Itoa(pid)}, args...)...)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	id := lines[len(lines)-1]
+	if !uuidLine.MatchString(id) {
+		t.Fatalf("checkpoint printed %q last, not an ID", id)
+	}
+	return id
+}
+
+func restorePID(t *testing.T, home string, args ...string) int {
+	t.Helper()
+	r := mustRun(t, home, append([]string{"restore"}, args...)...)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	pid, err := strconv.Atoi(lines[len(lines)-1])
+	if err != nil {
+		t.Fatalf("restore printed %q last, not a PID", lines[len(lines)-1])
+	}
+	t.Cleanup(func() { killTree(pid) })
+	return pid
+}
+
+func TestCheckpointRestoreCounter(t *testing.T) {
+	requireCRIU(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := startDetached(t, "testdata/counter.sh", out)
+	waitCounting(t, out, 5)
+
+	id := checkpointPID(t, home, pid, "--job", "counter", "--step", "7")
+	waitGone(t, pid)
+	atDump := len(counts(t, out))
+	if recs := list(t, home); len(recs) != 1 || recs[0].ID != id || recs[0].Kind != "process" || recs[0].Step != 7 {
+		t.Fatalf("ls after checkpoint: %+v", recs)
+	}
+	mustRun(t, home, "verify", id)
+
+	restored := restorePID(t, home, "--job", "counter", "--latest")
+	if restored != pid {
+		t.Errorf("restored as PID %d, was %d", restored, pid)
+	}
+	ns := waitCounting(t, out, atDump+10)
+	consecutive(t, ns)
+}
+
+func TestCheckpointRestorePipelineTree(t *testing.T) {
+	requireCRIU(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := startDetached(t, "testdata/pipeline.sh", out)
+	waitCounting(t, out, 5)
+	var show struct {
+		Meta struct {
+			Processes []struct{ PID int } `json:"processes"`
+		} `json:"meta"`
+	}
+	id := checkpointPID(t, home, pid, "--compress", "zstd")
+	waitGone(t, pid)
+	atDump := len(counts(t, out))
+	r := mustRun(t, home, "show", "--json", id)
+	if err := jsonUnmarshal(r.stdout, &show); err != nil {
+		t.Fatal(err)
+	}
+	if len(show.Meta.Processes) < 3 {
+		t.Fatalf("the tree has %d processes in the checkpoint, want 3 or more", len(show.Meta.Processes))
+	}
+	restorePID(t, home, id)
+	ns := waitCounting(t, out, atDump+10)
+	consecutive(t, ns) // the pipe's contents and the open file came back
+	for _, p := range show.Meta.Processes {
+		if !alive(p.PID) {
+			t.Errorf("process %d of the tree is not running after the restore", p.PID)
+		}
+	}
+}
+
+func TestCheckpointLeaveRunningAndPIDTaken(t *testing.T) {
+	requireCRIU(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := startDetached(t, "testdata/counter.sh", out)
+	waitCounting(t, out, 5)
+	id := checkpointPID(t, home, pid, "--leave-running")
+	before := len(counts(t, out))
+	ns := waitCounting(t, out, before+5)
+	if !alive(pid) {
+		t.Fatal("--leave-running: the process is gone")
+	}
+	consecutive(t, ns)
+
+	// The original still holds the PID: a plain message, the PID-in-use
+	// exit code, and the job untouched.
+	r := run(t, home, "restore", "--pid-wait", "200ms", id)
+	expectCode(t, r, cli.ExitPIDInUse, fmt.Sprintf(`PID %d is held by .*--pid-wait`, pid))
+	if !alive(pid) {
+		t.Fatal("a refused restore harmed the running process")
+	}
+
+	killTree(pid)
+	waitGone(t, pid)
+	if restored := restorePID(t, home, id); restored != pid {
+		t.Errorf("restored as PID %d, was %d", restored, pid)
+	}
+	waitCounting(t, out, len(counts(t, out))+5)
+}
+
+func TestRestoreRefusesCorruptImages(t *testing.T) {
+	requireCRIU(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := startDetached(t, "testdata/counter.sh", out)
+	waitCounting(t, out, 3)
+	id := checkpointPID(t, home, pid)
+	waitGone(t, pid)
+	data := filepath.Join(home, "checkpoints", id, "data.0000")
+	b, err := os.ReadFile(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x01
+	os.WriteFile(data, b, 0o600)
+	expectCode(t, run(t, home, "restore", id), cli.ExitCorrupt, `data.0000: chunk \d+ at offset \d+: checksum mismatch`)
+	if alive(pid) {
+		t.Fatal("CRIU ran on corrupted images")
+	}
+	if leftovers, _ := filepath.Glob("/dev/shm/stasis-restore-*"); len(leftovers) > 0 {
+		for _, l := range leftovers {
+			if _, err := os.Stat(filepath.Join(l, ".lock")); err == nil {
+				t.Logf("scratch %s remains (maybe another test's)", l)
+			}
+		}
+	}
+}
+
+func TestCheckpointErrors(t *testing.T) {
+	requireCRIU(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	expectCode(t, run(t, home, "checkpoint", "--pid", "999999"), cli.ExitNotFound, `no such process: PID 999999`)
+
+	out := filepath.Join(tmp, "count")
+	pid := startDetached(t, "testdata/counter.sh", out)
+	waitCounting(t, out, 3)
+
+	t.Setenv("STASIS_CRIU", filepath.Join(tmp, "no-criu-here"))
+	expectCode(t, run(t, home, "checkpoint", "--pid", strconv.Itoa(pid)), cli.ExitMissingTool, `criu is not installed.*make`)
+	old := filepath.Join(tmp, "criu-3.17")
+	os.WriteFile(old, []byte("#!/bin/sh\necho 'Version: 3.17.1'\n"), 0o755)
+	t.Setenv("STASIS_CRIU", old)
+	expectCode(t, run(t, home, "checkpoint", "--pid", strconv.Itoa(pid)), cli.ExitMissingTool, `CRIU 3\.17\.1; kernels from 6\.13 on need CRIU >= 4\.1`)
+	expectCode(t, run(t, home, "restore", "--job", "x", "--latest"), cli.ExitNotFound, `no complete checkpoint`)
+	if !alive(pid) {
+		t.Fatal("a refused checkpoint stopped the process")
+	}
+	waitCounting(t, out, len(counts(t, out))+3)
+	if recs := list(t, home); len(recs) != 0 {
+		t.Fatalf("refused checkpoints are listed: %+v", recs)
+	}
+}
+
+// TestKill9DuringCheckpoint kills stasis with SIGKILL at random moments of
+// checkpoints of a process holding 256 MiB. The job must never end up both
+// dead and without a checkpoint: when no checkpoint is listed it runs on
+// (CRIU resumes it once stasis, its post-dump step, is gone).
+func TestKill9DuringCheckpoint(t *testing.T) {
+	requireCRIU(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	tmp := t.TempDir()
+	rng := rand.New(rand.NewPCG(3, 4))
+
+	// How long one checkpoint of such a process takes here, to spread the
+	// kills over it.
+	calib := filepath.Join(tmp, "calibrate")
+	pid := startDetached(t, "python3", "testdata/memory.py", calib, "256")
+	waitCounting(t, calib, 3)
+	start := time.Now()
+	checkpointPID(t, filepath.Join(tmp, "calibrate-home"), pid)
+	full := time.Since(start)
+	waitGone(t, pid)
+
+	for round := 0; round < 6; round++ {
+		home := filepath.Join(tmp, fmt.Sprintf("home%d", round))
+		out := filepath.Join(tmp, fmt.Sprintf("count%d", round))
+		pid := startDetached(t, "python3", "testdata/memory.py", out, "256")
+		waitCounting(t, out, 3)
+
+		cmd := exec.Command(stasisBin, "checkpoint", "--pid", strconv.Itoa(pid))
+		cmd.Env = append(os.Environ(), "STASIS_HOME="+home)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(rng.Int64N(int64(full))))
+		cmd.Process.Kill()
+		cmd.Wait()
+
+		// CRIU notices that stasis is gone and resumes or kills the tree.
+		time.Sleep(time.Second)
+		recs := list(t, home)
+		switch {
+		case len(recs) == 0:
+			n := len(counts(t, out))
+			waitCounting(t, out, n+5)
+			t.Logf("round %d: killed before the commit; the job runs on", round)
+		case alive(pid):
+			t.Logf("round %d: killed between the commit and CRIU's end; the job was resumed and the checkpoint kept", round)
+		default:
+			mustRun(t, home, "verify", recs[0].ID)
+			t.Logf("round %d: the checkpoint completed before the kill", round)
+		}
+		mustRun(t, home, "gc")
+		if staged := entriesIn(t, filepath.Join(home, "staging")); len(staged) != 0 {
+			t.Fatalf("gc left %v", staged)
+		}
+		killTree(pid)
+		waitGone(t, pid)
+	}
+	if scratch, _ := filepath.Glob("/dev/shm/stasis-dump-*"); len(scratch) > 0 {
+		t.Errorf("gc left scratch directories: %v", scratch)
+	}
+}
+
+func jsonUnmarshal(s string, v any) error {
+	if s == "" {
+		return errors.New("empty output")
+	}
+	return jsonDecode([]byte(s), v)
+}
