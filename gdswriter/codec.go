@@ -71,7 +71,8 @@ const (
 	// codecSampleSlice and codecSampleSlices size the sample auto looks at.
 	codecSampleSlice  = 32 << 10
 	codecSampleSlices = 3
-	// codecMaxRawLen bounds rawLen in Decode, whatever the manifest says.
+	// codecMaxRawLen bounds rawLen in Decode, whatever the manifest says
+	// (the format allows chunks of up to 256 MiB).
 	codecMaxRawLen = 1 << 30
 	// codecZstdNoFCSMax: a zstd frame without a declared content size is
 	// accepted only for chunks (or planes) up to this size.
@@ -81,9 +82,9 @@ const (
 	planesBlockLog     = 17 // huff0 blocks of 128 KiB
 	planesMinBlockLog  = 10
 	planesMaxBlockLog  = 17
-	planesFixedHdr     = 3 // version, stride, blockLog
-	planesPerPlaneHdr  = 5 // method, u32 length
-	planesMinHuffBlock = 256
+	planesFixedHdr     = 3   // version, stride, blockLog
+	planesPerPlaneHdr  = 5   // method, u32 length
+	planesMinHuffBlock = 256 // shorter blocks are stored raw or RLE
 )
 
 // planesHeaderLen is the size of the header of a planes payload.
@@ -160,7 +161,7 @@ func NewEncoder(m Method, elemSize int) *Encoder {
 // compressed result is kept only when it is below 97% of len(raw). Encode
 // never fails and never modifies raw.
 func (e *Encoder) Encode(raw []byte) (stored []byte, codec Codec) {
-	if len(raw) < codecMinLen {
+	if len(raw) < codecMinLen || len(raw) > codecMaxRawLen {
 		return raw, CodecRaw
 	}
 	switch e.method {
@@ -444,7 +445,7 @@ func codecCorrupt(format string, args ...any) error {
 // the stored header has been checked against rawLen. Malformed input, or
 // input that does not decode to exactly rawLen bytes, yields an error.
 // Corruption that slips through shows up as wrong bytes, which the caller's
-// CRC32C of the raw bytes catches.
+// CRC32C of the raw bytes catches. dst must not overlap stored.
 func (d *Decoder) Decode(dst, stored []byte, codec Codec, rawLen int) ([]byte, error) {
 	if rawLen < 0 || rawLen > codecMaxRawLen {
 		return nil, fmt.Errorf("gdswriter: chunk raw length %d out of range [0, %d]", rawLen, codecMaxRawLen)
@@ -527,6 +528,7 @@ func (d *Decoder) decodeZstd(dst, src []byte) error {
 		z, err := zstd.NewReader(nil,
 			zstd.WithDecoderConcurrency(1),
 			zstd.WithDecodeAllCapLimit(true), // output never grows past cap(dst)
+			zstd.WithDecoderMaxMemory(codecMaxRawLen),
 			zstd.WithDecoderLowmem(true),
 		)
 		if err != nil {
@@ -799,10 +801,11 @@ func planesSplit2(p0, p1, src []byte) {
 	p1 = p1[:m]
 	i := 0
 	for ; i+8 <= m; i += 8 {
-		a := binary.LittleEndian.Uint64(src[2*i:])
-		b := binary.LittleEndian.Uint64(src[2*i+8:])
-		binary.LittleEndian.PutUint64(p0[i:], planesEvenBytes(a)|planesEvenBytes(b)<<32)
-		binary.LittleEndian.PutUint64(p1[i:], planesEvenBytes(a>>8)|planesEvenBytes(b>>8)<<32)
+		w := src[2*i : 2*i+16]
+		a := binary.LittleEndian.Uint64(w[0:8])
+		b := binary.LittleEndian.Uint64(w[8:16])
+		binary.LittleEndian.PutUint64(p0[i:i+8], planesEvenBytes(a)|planesEvenBytes(b)<<32)
+		binary.LittleEndian.PutUint64(p1[i:i+8], planesEvenBytes(a>>8)|planesEvenBytes(b>>8)<<32)
 	}
 	for ; i < m; i++ {
 		p0[i] = src[2*i]
@@ -816,10 +819,11 @@ func planesJoin2(dst, p0, p1 []byte) {
 	p1 = p1[:m]
 	i := 0
 	for ; i+8 <= m; i += 8 {
-		a := binary.LittleEndian.Uint64(p0[i:])
-		b := binary.LittleEndian.Uint64(p1[i:])
-		binary.LittleEndian.PutUint64(dst[2*i:], planesSpreadBytes(a)|planesSpreadBytes(b)<<8)
-		binary.LittleEndian.PutUint64(dst[2*i+8:], planesSpreadBytes(a>>32)|planesSpreadBytes(b>>32)<<8)
+		a := binary.LittleEndian.Uint64(p0[i : i+8])
+		b := binary.LittleEndian.Uint64(p1[i : i+8])
+		w := dst[2*i : 2*i+16]
+		binary.LittleEndian.PutUint64(w[0:8], planesSpreadBytes(a)|planesSpreadBytes(b)<<8)
+		binary.LittleEndian.PutUint64(w[8:16], planesSpreadBytes(a>>32)|planesSpreadBytes(b>>32)<<8)
 	}
 	for ; i < m; i++ {
 		dst[2*i] = p0[i]
@@ -845,15 +849,15 @@ func planesSplit4(planes *[4][]byte, src []byte) {
 	p0, p1, p2, p3 := planes[0][:m], planes[1][:m], planes[2][:m], planes[3][:m]
 	i := 0
 	for ; i+8 <= m; i += 8 {
-		s := src[4*i : 4*i+32]
-		a := binary.LittleEndian.Uint64(s[0:])
-		b := binary.LittleEndian.Uint64(s[8:])
-		c := binary.LittleEndian.Uint64(s[16:])
-		d := binary.LittleEndian.Uint64(s[24:])
-		binary.LittleEndian.PutUint64(p0[i:], planesPairBytes(a)|planesPairBytes(b)<<16|planesPairBytes(c)<<32|planesPairBytes(d)<<48)
-		binary.LittleEndian.PutUint64(p1[i:], planesPairBytes(a>>8)|planesPairBytes(b>>8)<<16|planesPairBytes(c>>8)<<32|planesPairBytes(d>>8)<<48)
-		binary.LittleEndian.PutUint64(p2[i:], planesPairBytes(a>>16)|planesPairBytes(b>>16)<<16|planesPairBytes(c>>16)<<32|planesPairBytes(d>>16)<<48)
-		binary.LittleEndian.PutUint64(p3[i:], planesPairBytes(a>>24)|planesPairBytes(b>>24)<<16|planesPairBytes(c>>24)<<32|planesPairBytes(d>>24)<<48)
+		w := src[4*i : 4*i+32]
+		a := binary.LittleEndian.Uint64(w[0:8])
+		b := binary.LittleEndian.Uint64(w[8:16])
+		c := binary.LittleEndian.Uint64(w[16:24])
+		d := binary.LittleEndian.Uint64(w[24:32])
+		binary.LittleEndian.PutUint64(p0[i:i+8], planesPairBytes(a)|planesPairBytes(b)<<16|planesPairBytes(c)<<32|planesPairBytes(d)<<48)
+		binary.LittleEndian.PutUint64(p1[i:i+8], planesPairBytes(a>>8)|planesPairBytes(b>>8)<<16|planesPairBytes(c>>8)<<32|planesPairBytes(d>>8)<<48)
+		binary.LittleEndian.PutUint64(p2[i:i+8], planesPairBytes(a>>16)|planesPairBytes(b>>16)<<16|planesPairBytes(c>>16)<<32|planesPairBytes(d>>16)<<48)
+		binary.LittleEndian.PutUint64(p3[i:i+8], planesPairBytes(a>>24)|planesPairBytes(b>>24)<<16|planesPairBytes(c>>24)<<32|planesPairBytes(d>>24)<<48)
 	}
 	for ; i < m; i++ {
 		p0[i] = src[4*i]
@@ -869,16 +873,15 @@ func planesJoin4(dst []byte, planes *[4][]byte) {
 	p0, p1, p2, p3 := planes[0][:m], planes[1][:m], planes[2][:m], planes[3][:m]
 	i := 0
 	for ; i+8 <= m; i += 8 {
-		a := binary.LittleEndian.Uint64(p0[i:])
-		b := binary.LittleEndian.Uint64(p1[i:])
-		c := binary.LittleEndian.Uint64(p2[i:])
-		d := binary.LittleEndian.Uint64(p3[i:])
-		s := dst[4*i : 4*i+32]
-		for j := range 4 {
-			sh := 16 * uint(j)
-			w := planesUnpairBytes(a>>sh) | planesUnpairBytes(b>>sh)<<8 | planesUnpairBytes(c>>sh)<<16 | planesUnpairBytes(d>>sh)<<24
-			binary.LittleEndian.PutUint64(s[8*j:], w)
-		}
+		a := binary.LittleEndian.Uint64(p0[i : i+8])
+		b := binary.LittleEndian.Uint64(p1[i : i+8])
+		c := binary.LittleEndian.Uint64(p2[i : i+8])
+		d := binary.LittleEndian.Uint64(p3[i : i+8])
+		w := dst[4*i : 4*i+32]
+		binary.LittleEndian.PutUint64(w[0:8], planesUnpairBytes(a)|planesUnpairBytes(b)<<8|planesUnpairBytes(c)<<16|planesUnpairBytes(d)<<24)
+		binary.LittleEndian.PutUint64(w[8:16], planesUnpairBytes(a>>16)|planesUnpairBytes(b>>16)<<8|planesUnpairBytes(c>>16)<<16|planesUnpairBytes(d>>16)<<24)
+		binary.LittleEndian.PutUint64(w[16:24], planesUnpairBytes(a>>32)|planesUnpairBytes(b>>32)<<8|planesUnpairBytes(c>>32)<<16|planesUnpairBytes(d>>32)<<24)
+		binary.LittleEndian.PutUint64(w[24:32], planesUnpairBytes(a>>48)|planesUnpairBytes(b>>48)<<8|planesUnpairBytes(c>>48)<<16|planesUnpairBytes(d>>48)<<24)
 	}
 	for ; i < m; i++ {
 		dst[4*i] = p0[i]
