@@ -186,12 +186,12 @@ func (m *Manifest) Validate() error {
 	if raw != m.Bytes || stored != m.StoredBytes {
 		return bad("totals bytes=%d stored_bytes=%d do not match the data files (%d, %d)", m.Bytes, m.StoredBytes, raw, stored)
 	}
-	paths := make(map[string]bool, len(m.Entries))
+	types := make(map[string]string, len(m.Entries))
 	for i, e := range m.Entries {
-		if !ValidEntryPath(e.Path) || paths[e.Path] {
+		if !ValidEntryPath(e.Path) || types[e.Path] != "" {
 			return bad("entry %d has an invalid or repeated path %q", i, e.Path)
 		}
-		paths[e.Path] = true
+		types[e.Path] = e.Type
 		if len(e.Attrs) > 0 && !json.Valid(e.Attrs) {
 			return bad("entry %s: attrs are not JSON", e.Path)
 		}
@@ -215,6 +215,15 @@ func (m *Manifest) Validate() error {
 		}
 		if e.Mode&^0o7777 != 0 {
 			return bad("entry %s: mode %o has bits beyond permissions", e.Path, e.Mode)
+		}
+	}
+	// An entry below a symlink entry would be written through the link,
+	// outside the directory the checkpoint is loaded into.
+	for _, e := range m.Entries {
+		for dir := path.Dir(e.Path); dir != "."; dir = path.Dir(dir) {
+			if types[dir] == EntrySymlink {
+				return bad("entry %s lies below symlink %s", e.Path, dir)
+			}
 		}
 	}
 	return nil
@@ -270,7 +279,7 @@ func ParseManifest(data []byte) (*Manifest, error) {
 	if err := dec.Decode(&m); err != nil {
 		return nil, bad("%v", err)
 	}
-	if dec.More() {
+	if len(bytes.TrimLeft(body[dec.InputOffset():], " \t\r\n")) > 0 {
 		return nil, bad("trailing data after the JSON body")
 	}
 	if err := m.Validate(); err != nil {

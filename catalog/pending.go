@@ -80,12 +80,18 @@ func (p *Pending) Path(name string) string { return filepath.Join(p.dir, name) }
 // removes; after it the checkpoint is complete, and gc indexes it if the
 // crash came before the index did. If the index cannot be updated, the
 // checkpoint is removed again and the error returned: a failed Commit leaves
-// no checkpoint.
-func (p *Pending) Commit() (*Record, error) {
+// no checkpoint, and no staging directory either (Abort after Commit does
+// nothing).
+func (p *Pending) Commit() (_ *Record, err error) {
 	if p.done {
 		return nil, errors.New("catalog: Commit after Commit or Abort")
 	}
-	defer p.release()
+	defer func() {
+		if err != nil {
+			os.RemoveAll(p.dir)
+		}
+		p.release()
+	}()
 	m := &p.Manifest
 	m.Bytes, m.StoredBytes = 0, 0
 	for _, f := range m.Files {

@@ -214,7 +214,12 @@ func (r *Reader) readTask(ctx context.Context, pool *bufferPool, dec *Decoder, c
 // unspecified mix of old and new bytes.
 func (r *Reader) ReadInto(ctx context.Context, chunks []Chunk, chunkSize int64, dst []byte, o ReadOptions) error {
 	var total int64
-	for _, c := range chunks {
+	for i, c := range chunks {
+		// Chunk i goes to i*chunkSize: a chunk size that does not match
+		// the table would put chunks outside dst.
+		if i < len(chunks)-1 && c.Raw != chunkSize {
+			return fmt.Errorf("gdswriter: chunk %d holds %d raw bytes, not the chunk size %d", i, c.Raw, chunkSize)
+		}
 		total += c.Raw
 	}
 	if total != int64(len(dst)) {

@@ -1,0 +1,777 @@
+package gdswriter
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/iotest"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Small chunks give many chunks per test file.
+const wtChunk = 64 << 10
+
+// wtData returns n deterministic bytes that mix 4 KiB blocks of random
+// bytes, words, zeros and bf16-like values, so that every codec has
+// something to compress and something to give up on.
+func wtData(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	words := []string{"checkpoint ", "tensor ", "gradient ", "step ", "layer ", "0.125 ", "\n"}
+	out := make([]byte, 0, n)
+	for blk := 0; len(out) < n; blk++ {
+		m := min(4096, n-len(out))
+		switch blk % 4 {
+		case 0:
+			for i := 0; i < m; i++ {
+				out = append(out, byte(r.Uint32()))
+			}
+		case 1:
+			for len(out) < n && m > 0 {
+				w := words[r.IntN(len(words))]
+				w = w[:min(len(w), m)]
+				out = append(out, w...)
+				m -= len(w)
+			}
+		case 2:
+			out = append(out, make([]byte, m)...)
+		case 3:
+			for i := 0; i < m; i++ {
+				if i%2 == 0 {
+					out = append(out, byte(r.Uint32()))
+				} else {
+					out = append(out, 0x3f+byte(r.IntN(2)))
+				}
+			}
+		}
+	}
+	return out
+}
+
+// wtWrite writes data to a new data file in dir through a Writer, with
+// Write in uneven pieces or with ReadFrom, and checks the Result against
+// what was written.
+func wtWrite(t testing.TB, dir string, data []byte, o WriterOptions, readFrom bool) (string, Result) {
+	t.Helper()
+	path := filepath.Join(dir, fmt.Sprintf("data-%d", rand.Int64()))
+	chunkSize := o.ChunkSize
+	if chunkSize == 0 {
+		chunkSize = DefaultChunkSize
+	}
+	var progress atomic.Int64
+	o.Progress = func(n int64) { progress.Add(n) }
+	w, err := Create(context.Background(), path, o)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	if readFrom {
+		n, err := w.ReadFrom(iotest.HalfReader(bytes.NewReader(data)))
+		if err != nil || n != int64(len(data)) {
+			w.Abort()
+			t.Fatalf("ReadFrom = %d, %v; want %d", n, err, len(data))
+		}
+	} else {
+		rest := data
+		for piece := 1000; len(rest) > 0; piece = piece*3 + 1 {
+			k := min(piece, len(rest))
+			n, err := w.Write(rest[:k])
+			if err != nil || n != k {
+				w.Abort()
+				t.Fatalf("Write = %d, %v; want %d", n, err, k)
+			}
+			rest = rest[k:]
+		}
+	}
+	if got := w.Offset(); got != int64(len(data)) {
+		t.Errorf("Offset = %d after %d bytes", got, len(data))
+	}
+	res, err := w.Close()
+	if err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if res.RawSize != int64(len(data)) {
+		t.Errorf("RawSize = %d, want %d", res.RawSize, len(data))
+	}
+	if got := progress.Load(); got != res.RawSize {
+		t.Errorf("Progress reported %d bytes, RawSize %d", got, res.RawSize)
+	}
+	if res.ChunkSize != int64(chunkSize) {
+		t.Errorf("ChunkSize = %d, want %d", res.ChunkSize, chunkSize)
+	}
+	if want := (len(data) + chunkSize - 1) / chunkSize; len(res.Chunks) != want {
+		t.Errorf("%d chunks, want %d", len(res.Chunks), want)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() != res.Size {
+		t.Errorf("file has %d bytes, Result.Size %d", st.Size(), res.Size)
+	}
+	if err := ValidateChunks(res.Chunks, res.ChunkSize, res.Size, res.RawSize); err != nil {
+		t.Errorf("ValidateChunks on the writer's own table: %v", err)
+	}
+	return path, res
+}
+
+// wtRead streams the whole file and checks that chunks arrive in table
+// order, each with its declared raw size.
+func wtRead(t testing.TB, path string, chunks []Chunk, workers int) ([]byte, error) {
+	t.Helper()
+	r, err := OpenReader(path, false)
+	if err != nil {
+		t.Fatalf("OpenReader: %v", err)
+	}
+	defer r.Close()
+	var out []byte
+	next := 0
+	var progress int64
+	err = r.Stream(context.Background(), chunks, ReadOptions{Workers: workers, Progress: func(n int64) { progress += n }}, func(i int, raw []byte) error {
+		if i != next {
+			t.Errorf("chunk %d delivered when %d was due", i, next)
+		}
+		if int64(len(raw)) != chunks[i].Raw {
+			t.Errorf("chunk %d: %d bytes, table says %d", i, len(raw), chunks[i].Raw)
+		}
+		next++
+		out = append(out, raw...)
+		return nil
+	})
+	if err == nil && next != len(chunks) {
+		t.Errorf("Stream delivered %d of %d chunks", next, len(chunks))
+	}
+	if err == nil && progress != int64(len(out)) {
+		t.Errorf("read Progress reported %d bytes, delivered %d", progress, len(out))
+	}
+	return out, err
+}
+
+func TestWriterRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	sizes := []int{0, 1, 4095, 4096, wtChunk - 1, wtChunk, wtChunk + 1, 5*wtChunk + 12345}
+	for _, method := range []Method{MethodNone, MethodZstd, MethodS2, MethodAuto} {
+		for _, workers := range []int{1, 4} {
+			for _, size := range sizes {
+				name := fmt.Sprintf("%s/workers=%d/size=%d", method, workers, size)
+				t.Run(name, func(t *testing.T) {
+					data := wtData(size, uint64(size))
+					o := WriterOptions{ChunkSize: wtChunk, Method: method, Workers: workers}
+					path, res := wtWrite(t, dir, data, o, workers == 4)
+					got, err := wtRead(t, path, res.Chunks, workers)
+					if err != nil {
+						t.Fatalf("Stream: %v", err)
+					}
+					if !bytes.Equal(got, data) {
+						t.Fatalf("read back %d bytes that differ from the %d written", len(got), len(data))
+					}
+					codecs := map[Codec]int{}
+					for _, c := range res.Chunks {
+						codecs[c.Codec]++
+					}
+					switch {
+					case method == MethodNone && codecs[CodecRaw] != len(res.Chunks):
+						t.Errorf("method none stored codecs %v", codecs)
+					case size >= wtChunk && method == MethodZstd && codecs[CodecZstd] == 0,
+						size >= wtChunk && method == MethodS2 && codecs[CodecS2] == 0,
+						size >= wtChunk && method == MethodAuto && codecs[CodecRaw] == len(res.Chunks):
+						t.Errorf("method %s compressed nothing of compressible data: %v", method, codecs)
+					}
+				})
+			}
+		}
+	}
+}
+
+func TestWriterOptions(t *testing.T) {
+	dir := t.TempDir()
+	for _, o := range []WriterOptions{
+		{ChunkSize: 5000},
+		{ChunkSize: -4096},
+		{ChunkSize: MaxChunkSize + Alignment},
+		{Method: "lz4"},
+	} {
+		path := filepath.Join(dir, "x")
+		if w, err := Create(context.Background(), path, o); err == nil {
+			w.Abort()
+			t.Errorf("Create accepted %+v", o)
+		}
+		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("Create with bad options %+v left a file: %v", o, err)
+		}
+	}
+	// The zero value works: default chunk size, no compression.
+	path, res := wtWrite(t, dir, wtData(10000, 1), WriterOptions{ChunkSize: 0}, false)
+	if res.ChunkSize != DefaultChunkSize || len(res.Chunks) != 1 || res.Chunks[0].Codec != CodecRaw {
+		t.Errorf("zero options gave chunk size %d, chunks %+v", res.ChunkSize, res.Chunks)
+	}
+	// An existing file is never overwritten.
+	if w, err := Create(context.Background(), path, WriterOptions{}); err == nil {
+		w.Abort()
+		t.Errorf("Create over an existing file succeeded")
+	}
+}
+
+func TestWriterUseAfterClose(t *testing.T) {
+	w, err := Create(context.Background(), filepath.Join(t.TempDir(), "d"), WriterOptions{ChunkSize: wtChunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write([]byte("abc")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write([]byte("x")); err == nil {
+		t.Error("Write after Close succeeded")
+	}
+	if _, err := w.Close(); err == nil {
+		t.Error("second Close succeeded")
+	}
+	w.Abort() // harmless after Close
+}
+
+// fsMagic returns the statfs magic of the file system holding dir.
+func fsMagic(t *testing.T, dir string) int64 {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatalf("statfs %s: %v", dir, err)
+	}
+	return int64(st.Type)
+}
+
+// acceptsODirect reports whether the file system of dir lets a file be
+// opened with O_DIRECT.
+func acceptsODirect(t *testing.T, dir string) bool {
+	t.Helper()
+	path := filepath.Join(dir, fmt.Sprintf(".odirect-probe-%d", os.Getpid()))
+	defer os.Remove(path)
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_DIRECT, 0o600)
+	if err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			return false
+		}
+		t.Fatalf("probe %s: %v", path, err)
+	}
+	unix.Close(fd)
+	return true
+}
+
+func TestDirectOnDisk(t *testing.T) {
+	dir := t.TempDir()
+	switch fsMagic(t, dir) {
+	case unix.EXT4_SUPER_MAGIC, unix.XFS_SUPER_MAGIC, unix.BTRFS_SUPER_MAGIC:
+	default:
+		t.Skipf("%s is not on ext4, xfs or btrfs (statfs magic %#x)", dir, fsMagic(t, dir))
+	}
+	data := wtData(3*wtChunk+777, 7)
+	path, res := wtWrite(t, dir, data, WriterOptions{ChunkSize: wtChunk, Workers: 2}, false)
+	if !res.Direct {
+		t.Errorf("writer on a disk file system did not use O_DIRECT")
+	}
+	r, err := OpenReader(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !r.Direct() {
+		t.Errorf("reader on a disk file system did not use O_DIRECT")
+	}
+	var got []byte
+	if err := r.Stream(context.Background(), res.Chunks, ReadOptions{}, func(_ int, raw []byte) error {
+		got = append(got, raw...)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Error("O_DIRECT round trip changed the data")
+	}
+	// NoDirect is honoured.
+	w, err := Create(context.Background(), filepath.Join(dir, "plain"), WriterOptions{ChunkSize: wtChunk, NoDirect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Direct() {
+		t.Error("NoDirect writer reports O_DIRECT")
+	}
+	w.Abort()
+	r2, err := OpenReader(path, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r2.Direct() {
+		t.Error("noDirect reader reports O_DIRECT")
+	}
+	r2.Close()
+}
+
+func TestTmpfsFallback(t *testing.T) {
+	const shm = "/dev/shm"
+	if _, err := os.Stat(shm); err != nil {
+		t.Skipf("no %s: %v", shm, err)
+	}
+	if fsMagic(t, shm) != unix.TMPFS_MAGIC {
+		t.Skipf("%s is not tmpfs", shm)
+	}
+	dir, err := os.MkdirTemp(shm, "gdswriter-test-")
+	if err != nil {
+		t.Skipf("cannot write to %s: %v", shm, err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	// Linux 6.6 and later accept O_DIRECT on tmpfs; older kernels refuse it
+	// at open, and the writer must fall back to plain I/O. Either way Direct
+	// must say what happened.
+	want := acceptsODirect(t, dir)
+	if want {
+		t.Logf("this kernel's tmpfs accepts O_DIRECT; checking that Direct reports it and data round-trips")
+	}
+	data := wtData(2*wtChunk+99, 3)
+	path, res := wtWrite(t, dir, data, WriterOptions{ChunkSize: wtChunk, Method: MethodAuto}, false)
+	if res.Direct != want {
+		t.Errorf("writer Direct = %v on tmpfs, O_DIRECT probe says %v", res.Direct, want)
+	}
+	r, err := OpenReader(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Direct() != want {
+		t.Errorf("reader Direct = %v on tmpfs, O_DIRECT probe says %v", r.Direct(), want)
+	}
+	r.Close()
+	got, err := wtRead(t, path, res.Chunks, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Error("tmpfs round trip changed the data")
+	}
+}
+
+// TestDirectFallbackAtFirstIO makes the file system refuse a direct
+// transfer (an unaligned buffer on an O_DIRECT file gets EINVAL) and checks
+// that the I/O is redone without O_DIRECT and reported as such.
+func TestDirectFallbackAtFirstIO(t *testing.T) {
+	dir := t.TempDir()
+	if !acceptsODirect(t, dir) {
+		t.Skipf("%s does not accept O_DIRECT at all", dir)
+	}
+	backing := make([]byte, 3*Alignment+1)
+	data := backing[1:] // not page aligned, and not a multiple of 4096 long
+	copy(data, wtData(len(data), 11))
+	path := filepath.Join(dir, "raw")
+	direct, err := RawWrite(context.Background(), path, data, Alignment, 1, false)
+	if err != nil {
+		t.Fatalf("RawWrite of an unaligned buffer: %v", err)
+	}
+	if direct {
+		t.Errorf("RawWrite reports O_DIRECT although the kernel refused the unaligned write")
+	}
+	got := make([]byte, len(data))
+	if _, err := RawRead(context.Background(), path, got, Alignment, 1, false); err != nil {
+		t.Fatalf("RawRead: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Error("data changed through the fallback path")
+	}
+}
+
+func TestRawRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	const size = 1 << 20
+	for _, workers := range []int{1, 4} {
+		src, err := newAlignedBuffer(size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer src.free()
+		copy(src.mem, wtData(size, uint64(workers)))
+		path := filepath.Join(dir, fmt.Sprintf("raw-%d", workers))
+		direct, err := RawWrite(context.Background(), path, src.mem, 64<<10, workers, false)
+		if err != nil {
+			t.Fatalf("RawWrite: %v", err)
+		}
+		if want := acceptsODirect(t, dir); direct != want {
+			t.Errorf("RawWrite direct = %v, O_DIRECT probe %v", direct, want)
+		}
+		if st, err := os.Stat(path); err != nil || st.Size() != size {
+			t.Fatalf("raw file: %v, %v", st, err)
+		}
+		dst, err := newAlignedBuffer(size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dst.free()
+		if _, err := RawRead(context.Background(), path, dst.mem, 64<<10, workers, workers == 4); err != nil {
+			t.Fatalf("RawRead: %v", err)
+		}
+		if !bytes.Equal(dst.mem, src.mem) {
+			t.Errorf("workers=%d: RawRead returned different bytes", workers)
+		}
+		// A file is never overwritten, and a cancelled read fails.
+		if _, err := RawWrite(context.Background(), path, src.mem, 64<<10, workers, false); !errors.Is(err, os.ErrExist) {
+			t.Errorf("RawWrite over an existing file: %v", err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, err := RawRead(ctx, path, dst.mem, 64<<10, workers, false); !errors.Is(err, context.Canceled) {
+			t.Errorf("RawRead with a cancelled context: %v", err)
+		}
+	}
+	// Reading more than the file holds is an error, not a short success.
+	big := make([]byte, 2<<20)
+	if _, err := RawRead(context.Background(), filepath.Join(dir, "raw-1"), big, 64<<10, 2, true); !errors.Is(err, io.EOF) {
+		t.Errorf("RawRead past the end: %v", err)
+	}
+}
+
+// wtFlip inverts the byte at off of the file at path.
+func wtFlip(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// chunkAt returns the index of the chunk whose extent holds file offset off.
+func chunkAt(t *testing.T, chunks []Chunk, off int64) int {
+	t.Helper()
+	for i, c := range chunks {
+		if off >= c.Offset && off < c.Offset+c.Extent() {
+			return i
+		}
+	}
+	t.Fatalf("no chunk holds offset %d", off)
+	return -1
+}
+
+// wantChunkError checks that err reports bad data in chunk index of path.
+func wantChunkError(t *testing.T, err error, path string, index int, reason string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("Stream accepted damaged data (want an error for chunk %d)", index)
+	}
+	if !errors.Is(err, ErrCorrupt) {
+		t.Errorf("error does not wrap ErrCorrupt: %v", err)
+	}
+	var ce *ChunkError
+	if !errors.As(err, &ce) {
+		t.Fatalf("error is not a *ChunkError: %v", err)
+	}
+	if ce.Path != path || ce.Index != index {
+		t.Errorf("ChunkError names %s chunk %d, want %s chunk %d", ce.Path, ce.Index, path, index)
+	}
+	if !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), fmt.Sprintf("chunk %d", index)) {
+		t.Errorf("message %q does not name the file and chunk", err)
+	}
+	if reason != "" && !strings.Contains(ce.Reason, reason) {
+		t.Errorf("reason %q does not say %q", ce.Reason, reason)
+	}
+}
+
+func TestCorruptionIsDetected(t *testing.T) {
+	dir := t.TempDir()
+	// 3.5 chunks: the last one is short, so its extent has zero padding.
+	data := wtData(3*wtChunk+wtChunk/2+100, 5)
+	for _, method := range []Method{MethodNone, MethodZstd} {
+		cases := []struct {
+			name string
+			off  func(c []Chunk, size int64) int64
+		}{
+			{"first byte of chunk 0", func(c []Chunk, _ int64) int64 { return c[0].Offset }},
+			{"payload of chunk 1", func(c []Chunk, _ int64) int64 { return c[1].Offset + c[1].Stored/2 }},
+			{"last payload byte of the last chunk", func(c []Chunk, _ int64) int64 {
+				l := c[len(c)-1]
+				return l.Offset + l.Stored - 1
+			}},
+			{"padding of the last chunk", func(c []Chunk, _ int64) int64 {
+				l := c[len(c)-1]
+				return l.Offset + l.Stored + 3
+			}},
+			{"last byte of the file", func(_ []Chunk, size int64) int64 { return size - 1 }},
+		}
+		for _, tc := range cases {
+			t.Run(fmt.Sprintf("%s/%s", method, tc.name), func(t *testing.T) {
+				path, res := wtWrite(t, dir, data, WriterOptions{ChunkSize: wtChunk, Method: method, Workers: 4}, false)
+				if l := res.Chunks[len(res.Chunks)-1]; l.Stored%Alignment == 0 {
+					t.Fatalf("last chunk has no padding (stored %d)", l.Stored)
+				}
+				off := tc.off(res.Chunks, res.Size)
+				wtFlip(t, path, off)
+				for _, workers := range []int{1, 4} {
+					_, err := wtRead(t, path, res.Chunks, workers)
+					wantChunkError(t, err, path, chunkAt(t, res.Chunks, off), "checksum mismatch")
+				}
+			})
+		}
+	}
+}
+
+// TestCorruptionBehindAValidExtentCRC damages a compressed chunk and fixes
+// its extent checksum in the table, as a buggy writer might: the decoded
+// checksum (or the decoder) must still catch it.
+func TestCorruptionBehindAValidExtentCRC(t *testing.T) {
+	dir := t.TempDir()
+	data := wtData(4*wtChunk, 9)
+	path, res := wtWrite(t, dir, data, WriterOptions{ChunkSize: wtChunk, Method: MethodZstd, Workers: 1}, false)
+	idx := -1
+	for i, c := range res.Chunks {
+		if c.Codec == CodecZstd {
+			idx = i
+			break
+		}
+	}
+	if idx < 0 {
+		t.Fatal("no zstd chunk written")
+	}
+	c := &res.Chunks[idx]
+	wtFlip(t, path, c.Offset+c.Stored/2)
+	f, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.CRC = crc32c(f[c.Offset : c.Offset+c.Extent()])
+	_, err = wtRead(t, path, res.Chunks, 2)
+	wantChunkError(t, err, path, idx, "")
+
+	// A table whose decoded checksum is wrong is caught the same way.
+	path2, res2 := wtWrite(t, dir, data, WriterOptions{ChunkSize: wtChunk, Method: MethodNone, Workers: 1}, false)
+	res2.Chunks[2].RawCRC ^= 1
+	_, err = wtRead(t, path2, res2.Chunks, 2)
+	wantChunkError(t, err, path2, 2, "decoded data checksum mismatch")
+}
+
+func TestTruncatedFile(t *testing.T) {
+	dir := t.TempDir()
+	data := wtData(3*wtChunk+5000, 13)
+	for _, cut := range []int64{1, Alignment, 100} {
+		t.Run(fmt.Sprintf("minus%d", cut), func(t *testing.T) {
+			path, res := wtWrite(t, dir, data, WriterOptions{ChunkSize: wtChunk, Workers: 4}, false)
+			if err := os.Truncate(path, res.Size-cut); err != nil {
+				t.Fatal(err)
+			}
+			_, err := wtRead(t, path, res.Chunks, 4)
+			wantChunkError(t, err, path, chunkAt(t, res.Chunks, res.Size-1), "truncated")
+		})
+	}
+}
+
+// settleGoroutines waits for the goroutine count to come back to at most
+// before, and fails if it does not within a generous bound.
+func settleGoroutines(t *testing.T, before int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines still running, %d before:\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestWriterCancel(t *testing.T) {
+	dir := t.TempDir()
+	before := runtime.NumGoroutine()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	path := filepath.Join(dir, "d")
+	w, err := Create(ctx, path, WriterOptions{ChunkSize: wtChunk, Workers: 4, Method: MethodZstd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := wtData(10*wtChunk+17, 1)
+	if _, err := w.Write(data); err != nil {
+		t.Fatalf("Write before cancel: %v", err)
+	}
+	cancel()
+	if _, err := w.Write(data); !errors.Is(err, context.Canceled) {
+		t.Errorf("Write after cancel: %v, want context.Canceled", err)
+	}
+	if _, err := w.ReadFrom(bytes.NewReader(data)); !errors.Is(err, context.Canceled) {
+		t.Errorf("ReadFrom after cancel: %v, want context.Canceled", err)
+	}
+	w.Abort()
+	w.Abort() // idempotent
+	if _, err := w.Close(); err == nil {
+		t.Error("Close after Abort succeeded")
+	}
+	if err := os.Remove(path); err != nil {
+		t.Errorf("remove aborted file: %v", err)
+	}
+	settleGoroutines(t, before)
+
+	// Cancelled while a Write is blocked on busy workers: every chunk
+	// buffer is taken, so the Write must wait for workers and then see the
+	// cancellation.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	w2, err := Create(ctx2, filepath.Join(dir, "d2"), WriterOptions{ChunkSize: wtChunk, Workers: 1, Method: MethodZstd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := w2.Write(data); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	cancel2()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("concurrent Write after cancel: %v", err)
+	}
+	if _, err := w2.Close(); !errors.Is(err, context.Canceled) {
+		t.Errorf("Close of a cancelled writer: %v, want context.Canceled", err)
+	}
+	w2.Abort()
+	settleGoroutines(t, before)
+}
+
+func TestStreamStopsOnCallbackError(t *testing.T) {
+	dir := t.TempDir()
+	data := wtData(12*wtChunk, 2)
+	path, res := wtWrite(t, dir, data, WriterOptions{ChunkSize: wtChunk, Method: MethodS2, Workers: 2}, false)
+	before := runtime.NumGoroutine()
+	r, err := OpenReader(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	stop := errors.New("enough")
+	calls := 0
+	err = r.Stream(context.Background(), res.Chunks, ReadOptions{Workers: 4}, func(i int, _ []byte) error {
+		calls++
+		if i == 2 {
+			return stop
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) {
+		t.Errorf("Stream returned %v, want the callback's error", err)
+	}
+	if calls != 3 {
+		t.Errorf("callback ran %d times after failing at chunk 2", calls)
+	}
+	settleGoroutines(t, before)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	calls = 0
+	err = r.Stream(ctx, res.Chunks, ReadOptions{Workers: 2}, func(int, []byte) error { calls++; return nil })
+	if !errors.Is(err, context.Canceled) || calls != 0 {
+		t.Errorf("Stream with a cancelled context: %v after %d chunks", err, calls)
+	}
+	if err := r.Stream(context.Background(), nil, ReadOptions{}, func(int, []byte) error {
+		t.Error("callback called for an empty table")
+		return nil
+	}); err != nil {
+		t.Errorf("Stream of an empty table: %v", err)
+	}
+	settleGoroutines(t, before)
+}
+
+func crc32c(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// vcTable is a valid table for a 20480-byte file of three raw chunks with
+// chunk size 8192: 8192 + 8192 + 100 raw bytes.
+func vcTable() ([]Chunk, int64, int64, int64) {
+	return []Chunk{
+		{Offset: 0, Stored: 8192, Raw: 8192, Codec: CodecRaw},
+		{Offset: 8192, Stored: 8192, Raw: 8192, Codec: CodecRaw},
+		{Offset: 16384, Stored: 100, Raw: 100, Codec: CodecRaw},
+	}, 8192, 20480, 16484
+}
+
+func TestValidateChunks(t *testing.T) {
+	chunks, cs, fs, rs := vcTable()
+	if err := ValidateChunks(chunks, cs, fs, rs); err != nil {
+		t.Fatalf("valid table rejected: %v", err)
+	}
+	// Extents may lie in any order in the file.
+	if err := ValidateChunks([]Chunk{
+		{Offset: 12288, Stored: 8192, Raw: 8192, Codec: CodecRaw},
+		{Offset: 4096, Stored: 8192, Raw: 8192, Codec: CodecRaw},
+		{Offset: 0, Stored: 100, Raw: 100, Codec: CodecRaw},
+	}, cs, fs, rs); err != nil {
+		t.Errorf("reordered extents rejected: %v", err)
+	}
+	if err := ValidateChunks([]Chunk{
+		{Offset: 0, Stored: 8192, Raw: 8192, Codec: CodecZstd},
+		{Offset: 8192, Stored: 3000, Raw: 8192, Codec: CodecS2},
+		{Offset: 12288, Stored: 5000, Raw: 100, Codec: CodecPlanes2},
+	}, cs, 20480, rs); err != nil {
+		t.Errorf("compressed table rejected: %v", err)
+	}
+	if err := ValidateChunks(nil, cs, 0, 0); err != nil {
+		t.Errorf("empty table of an empty file rejected: %v", err)
+	}
+
+	cases := []struct {
+		name   string
+		want   string // in the error
+		mutate func(c []Chunk, cs, fs, rs *int64) []Chunk
+	}{
+		{"overlapping extents", "overlap", func(c []Chunk, _, _, _ *int64) []Chunk { c[1].Offset = 4096; return c }},
+		{"two chunks at one offset", "overlap", func(c []Chunk, _, _, _ *int64) []Chunk { c[2].Offset = 0; return c }},
+		{"unaligned offset", "unaligned", func(c []Chunk, _, _, _ *int64) []Chunk { c[2].Offset = 16385; return c }},
+		{"negative offset", "outside the file", func(c []Chunk, _, _, _ *int64) []Chunk { c[0].Offset = -4096; return c }},
+		{"extent past the end", "outside the file", func(c []Chunk, _, _, _ *int64) []Chunk { c[2].Offset = 20480; return c }},
+		{"extent straddling the end", "outside the file", func(c []Chunk, _, fs, _ *int64) []Chunk { *fs = 20000; return c }},
+		{"gap in the file", "cover", func(c []Chunk, _, fs, _ *int64) []Chunk { *fs += 4096; return c }},
+		{"gap between extents", "cover", func(c []Chunk, _, fs, _ *int64) []Chunk { c[2].Offset = 20480; *fs = 24576; return c }},
+		{"short chunk not last", "only the last chunk", func(c []Chunk, _, _, rs *int64) []Chunk {
+			c[0].Raw, c[0].Stored = 100, 100
+			*rs = 100 + 8192 + 100
+			return c
+		}},
+		{"raw sizes do not sum", "raw bytes, file declares", func(c []Chunk, _, _, rs *int64) []Chunk { *rs++; return c }},
+		{"raw size zero", "raw size 0", func(c []Chunk, _, _, rs *int64) []Chunk { c[2].Raw, c[2].Stored = 0, 0; *rs -= 100; return c }},
+		{"raw size above chunk size", "raw size 8193", func(c []Chunk, _, _, rs *int64) []Chunk { c[2].Raw = 8193; *rs += 8093; return c }},
+		{"stored above chunk size", "stored size 8193", func(c []Chunk, _, _, _ *int64) []Chunk {
+			c[2].Codec, c[2].Stored = CodecZstd, 8193
+			return c
+		}},
+		{"chunk size not a multiple of 4096", "chunk size 8000", func(c []Chunk, cs, _, _ *int64) []Chunk { *cs = 8000; return c }},
+		{"chunk size zero", "chunk size 0", func(c []Chunk, cs, _, _ *int64) []Chunk { *cs = 0; return c }},
+		{"chunk size too large", "not a positive multiple", func(c []Chunk, cs, _, _ *int64) []Chunk { *cs = MaxChunkSize + Alignment; return c }},
+		{"unknown codec", "unknown chunk codec", func(c []Chunk, _, _, _ *int64) []Chunk { c[1].Codec = "lz4"; return c }},
+		{"empty codec", "unknown chunk codec", func(c []Chunk, _, _, _ *int64) []Chunk { c[1].Codec = ""; return c }},
+		{"raw codec with stored != raw", "raw chunk with stored size", func(c []Chunk, _, _, _ *int64) []Chunk { c[2].Stored = 50; return c }},
+		{"negative file size", "negative size", func(c []Chunk, _, fs, _ *int64) []Chunk { *fs = -1; return nil }},
+		{"chunks missing", "raw bytes, file declares", func(c []Chunk, _, _, _ *int64) []Chunk { return c[:2] }},
+		{"no chunks for a non-empty file", "raw bytes, file declares", func(c []Chunk, _, _, _ *int64) []Chunk { return nil }},
+	}
+	for _, tc := range cases {
+		c, cs, fs, rs := vcTable()
+		c = tc.mutate(c, &cs, &fs, &rs)
+		if err := ValidateChunks(c, cs, fs, rs); err == nil {
+			t.Errorf("%s: accepted", tc.name)
+		} else if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: rejected for another reason: %v", tc.name, err)
+		}
+	}
+}
