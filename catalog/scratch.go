@@ -70,11 +70,28 @@ func ramFree(dir string) int64 {
 		return -1
 	}
 	free := int64(st.Bavail) * st.Bsize
-	var si unix.Sysinfo_t
-	if err := unix.Sysinfo(&si); err == nil {
-		free = min(free, int64(si.Freeram+si.Bufferram)*int64(si.Unit))
+	if avail := memAvailable(); avail >= 0 {
+		free = min(free, avail)
 	}
 	return free
+}
+
+// memAvailable is the kernel's estimate of memory available without
+// swapping (MemAvailable in /proc/meminfo), or -1.
+func memAvailable() int64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb); err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return -1
 }
 
 // gcScratch removes abandoned scratch directories under base.

@@ -119,24 +119,33 @@ func syncDir(dir string) error {
 }
 
 // lockFile opens (creating) and flocks path exclusively. With wait false it
-// returns (nil, nil) when another process holds the lock.
+// returns (nil, nil) when another process holds the lock. After locking it
+// checks that path still names the file it locked: gc removes lock files
+// it can lock, and a lock on a removed file protects nothing, so it retries.
 func lockFile(path string, wait bool) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	how := unix.LOCK_EX
-	if !wait {
-		how |= unix.LOCK_NB
-	}
-	if err := unix.Flock(int(f.Fd()), how); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, nil
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, err
 		}
-		return nil, fmt.Errorf("lock %s: %w", path, err)
+		how := unix.LOCK_EX
+		if !wait {
+			how |= unix.LOCK_NB
+		}
+		if err := unix.Flock(int(f.Fd()), how); err != nil {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, nil
+			}
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		held, err1 := f.Stat()
+		named, err2 := os.Stat(path)
+		if err1 == nil && err2 == nil && os.SameFile(held, named) {
+			return f, nil
+		}
+		f.Close()
 	}
-	return f, nil
 }
 
 // crashPoint kills the process when STASIS_CRASH_AT names point. It exists

@@ -103,8 +103,9 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			pending.Abort()
 		}
 	}()
-	// Images go to RAM when twice the tree's resident memory fits there.
-	scratch, err := s.NewScratch("dump", 2*rss+256<<20)
+	// Images go to RAM when the tree's resident memory (about the image
+	// size), with a margin, fits there.
+	scratch, err := s.NewScratch("dump", rss+rss/4+256<<20)
 	if err != nil {
 		return nil, err
 	}

@@ -50,6 +50,9 @@ func RawRead(ctx context.Context, path string, buf []byte, blockSize, workers in
 // forBlocks calls fn for each block [off, end) of a size-byte range from
 // workers goroutines, stopping at the first error.
 func forBlocks(ctx context.Context, size, blockSize, workers int, fn func(off, end int) error) error {
+	if blockSize <= 0 {
+		return fmt.Errorf("gdswriter: block size %d", blockSize)
+	}
 	var next atomic.Int64
 	var once sync.Once
 	var first error

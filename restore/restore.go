@@ -65,7 +65,7 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 		return nil, err
 	}
 
-	scratch, err := s.NewScratch("restore", m.Bytes+256<<20)
+	scratch, err := s.NewScratch("restore", m.Bytes+m.Bytes/4+256<<20)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Compares stasis checkpoint and restore with CRIU run by hand, on the same
+# process, in one run: a Python process holding SIZE MiB of anonymous memory,
+# half random and half zeros, that counts into a file every 20 ms.
+#
+#   scripts/bench-process.sh [-s MiB]... [-d DIR]      (root; after make)
+#
+# By hand: `criu dump --leave-running -D DIR/by-hand` (the images land in the
+# page cache), then `sync` to make them durable; `criu restore -d`.
+# stasis: `stasis checkpoint --leave-running` (durable, compressed,
+# checksummed, committed) and `stasis restore`. Restores start from a cold
+# page cache (drop_caches) on both sides. Prints one JSON object per size.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sizes=()
+dir=/var/tmp/stasis-bench-process
+while getopts "s:d:" opt; do
+	case $opt in
+	s) sizes+=("$OPTARG") ;;
+	d) dir=$OPTARG ;;
+	*) echo "usage: $0 [-s MiB]... [-d DIR]" >&2; exit 2 ;;
+	esac
+done
+[ ${#sizes[@]} -gt 0 ] || sizes=(1024 8192)
+[ "$(id -u)" -eq 0 ] || { echo "$0: CRIU needs root" >&2; exit 1; }
+
+stasis=$PWD/bin/stasis
+criu_bin=${STASIS_CRIU:-$PWD/bin/criu}
+[ -x "$criu_bin" ] || criu_bin=$(command -v criu)
+export STASIS_CRIU=$criu_bin
+export STASIS_HOME=$dir/store
+
+now() { date +%s.%N; }
+since() { echo "$(now) - $1" | bc -l; }
+wait_gone() { while [ -d /proc/$1 ] && ! grep -q '^State:.Z' /proc/$1/status 2>/dev/null; do sleep 0.02; done
+	while [ -d /proc/$1 ]; do sleep 0.05; done; }
+wait_counting() { local n; n=$(wc -l <"$1" 2>/dev/null || echo 0)
+	until [ "$(wc -l <"$1" 2>/dev/null || echo 0)" -gt "$((n + 2))" ]; do sleep 0.05; done; }
+cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+
+mkdir -p "$dir"
+for size in "${sizes[@]}"; do
+	rm -rf "$dir/by-hand" "$STASIS_HOME" "$dir/count"
+	mkdir -p "$dir/by-hand"
+	pid=$(sh -c "setsid python3 cli/testdata/memory.py '$dir/count' $size </dev/null >/dev/null 2>&1 & echo \$!")
+	until [ -s "$dir/count" ]; do sleep 0.1; done
+	wait_counting "$dir/count"
+
+	cold
+	t=$(now)
+	"$criu_bin" dump -t "$pid" -D "$dir/by-hand" --leave-running -o dump.log
+	hand_dump=$(since "$t")
+	t2=$(now)
+	sync
+	hand_sync=$(since "$t2")
+	hand_bytes=$(du -sb "$dir/by-hand" | cut -f1)
+	wait_counting "$dir/count"
+
+	cold
+	t=$(now)
+	json=$("$stasis" checkpoint --pid "$pid" --leave-running --job bench --json)
+	stasis_total=$(since "$t")
+	id=$(echo "$json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["record"]["id"])')
+	stored=$(echo "$json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["record"]["stored_bytes"])')
+	stasis_pause=$(echo "$json" | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["dump_seconds"]+j["store_seconds"])')
+	wait_counting "$dir/count"
+
+	kill -9 "$pid"; wait_gone "$pid"
+	cold
+	t=$(now)
+	"$criu_bin" restore -D "$dir/by-hand" -d -o restore.log
+	hand_restore=$(since "$t")
+	wait_counting "$dir/count"
+	kill -9 "$pid"; wait_gone "$pid"
+
+	cold
+	t=$(now)
+	"$stasis" restore "$id" >/dev/null
+	stasis_restore=$(since "$t")
+	wait_counting "$dir/count"
+	kill -9 "$pid"; wait_gone "$pid"
+
+	python3 - "$size" "$hand_dump" "$hand_sync" "$hand_bytes" "$stasis_total" "$stasis_pause" "$stored" "$hand_restore" "$stasis_restore" <<'PY'
+import json, sys
+size, hd, hs, hb, st, sp, sb, hr, sr = sys.argv[1:]
+hd, hs, st, sp, hr, sr = map(float, (hd, hs, st, sp, hr, sr))
+hb, sb = int(hb), int(sb)
+print(json.dumps({
+    "memory_mib": int(size),
+    "by_hand_dump_s": round(hd, 3), "by_hand_sync_s": round(hs, 3), "by_hand_image_bytes": hb,
+    "stasis_checkpoint_s": round(st, 3), "stasis_frozen_s": round(sp, 3), "stasis_stored_bytes": sb,
+    "checkpoint_vs_by_hand_dump": round(st / hd, 3),
+    "checkpoint_vs_by_hand_dump_sync": round(st / (hd + hs), 3),
+    "stored_vs_by_hand_image": round(sb / hb, 3),
+    "by_hand_restore_s": round(hr, 3), "stasis_restore_s": round(sr, 3),
+    "restore_vs_by_hand": round(sr / hr, 3),
+}))
+PY
+done
+rm -rf "$dir/by-hand" "$STASIS_HOME"
