@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -127,4 +128,34 @@ func gcScratch(base string) ([]string, int64, error) {
 		removed = append(removed, dir)
 	}
 	return removed, bytes, nil
+}
+
+// logsDir holds the logs of failed CRIU runs.
+const (
+	logsDir  = "logs"
+	keepLogs = 20
+)
+
+// KeepLog copies a log of a failed operation into the store's logs/ as
+// name, keeps the newest keepLogs there, and returns the copy's path.
+func (s *Store) KeepLog(src, name string) (string, error) {
+	dir := s.path(logsDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return "", err
+	}
+	dst := filepath.Join(dir, time.Now().UTC().Format("20060102T150405.000000000Z")+"-"+filepath.Base(name))
+	if err := os.WriteFile(dst, data, 0o600); err != nil {
+		return "", err
+	}
+	entries, err := os.ReadDir(dir)
+	if err == nil && len(entries) > keepLogs {
+		for _, e := range entries[:len(entries)-keepLogs] { // names sort by time
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+	return dst, nil
 }

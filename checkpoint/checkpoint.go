@@ -141,6 +141,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	dumpStart := time.Now()
 	dumpErr := criu.Dump(o.CRIU, o.PID, images, work, hooks)
 	if dumpErr != nil {
+		criu.KeepLog(dumpErr, s.KeepLog)
 		if committed {
 			// CRIU failed after the commit, so the tree was resumed: a
 			// checkpoint of a job that went on is not the job's state.

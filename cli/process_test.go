@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -356,4 +357,44 @@ func jsonUnmarshal(s string, v any) error {
 		return errors.New("empty output")
 	}
 	return jsonDecode([]byte(s), v)
+}
+
+// TestCRIUFailureKeepsJobRunning checkpoints a process connected to a unix
+// socket served from outside its tree. CRIU refuses; the error quotes
+// CRIU's own reason, nothing is listed, and the job keeps running.
+func TestCRIUFailureKeepsJobRunning(t *testing.T) {
+	requireCRIU(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	home, tmp := t.TempDir(), t.TempDir()
+	sock, out := filepath.Join(tmp, "sock"), filepath.Join(tmp, "count")
+	startDetached(t, "python3", "testdata/unix_server.py", sock)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the unix server did not start")
+		}
+	}
+	pid := startDetached(t, "python3", "testdata/unix_client.py", sock, out)
+	waitCounting(t, out, 3)
+
+	r := run(t, home, "checkpoint", "--pid", strconv.Itoa(pid))
+	expectCode(t, r, cli.ExitError, `criu dump failed; criu says: unix: (External socket is used|Can't dump half of stream unix connection).*\(log: `+regexp.QuoteMeta(home)+`/logs/[^ ]+-dump\.log\)`)
+	logs, _ := filepath.Glob(filepath.Join(home, "logs", "*-dump.log"))
+	if len(logs) != 1 {
+		t.Fatalf("the failed dump's log was not kept: %v", logs)
+	}
+	if strings.Contains(r.stderr, "RLIMIT_NOFILE") {
+		t.Errorf("the error quotes CRIU's harmless lines: %s", r.stderr)
+	}
+	if recs := list(t, home); len(recs) != 0 {
+		t.Fatalf("a failed checkpoint is listed: %+v", recs)
+	}
+	waitCounting(t, out, len(counts(t, out))+5)
+	if staged := entriesIn(t, filepath.Join(home, "staging")); len(staged) != 0 {
+		t.Fatalf("a failed checkpoint left %v", staged)
+	}
 }

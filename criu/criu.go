@@ -216,11 +216,10 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	msg := fmt.Sprintf("criu %s failed: %v", e.Op, e.Err)
 	if len(e.Excerpt) > 0 {
-		msg += "; criu says: " + strings.Join(e.Excerpt, " | ")
+		return fmt.Sprintf("criu %s failed; criu says: %s (log: %s)", e.Op, strings.Join(e.Excerpt, " | "), e.Log)
 	}
-	return msg
+	return fmt.Sprintf("criu %s failed: %v", e.Op, e.Err)
 }
 
 func (e *Error) Unwrap() error { return e.Err }
@@ -284,6 +283,23 @@ func run(op string, o Options, imagesDir, workDir, logName string, hooks Hooks, 
 	return nil
 }
 
+// harmless reports CRIU error lines that do not explain a failure: CRIU
+// logs them as errors and goes on.
+func harmless(msg string) bool {
+	return strings.Contains(msg, "Can't setup RLIMIT_NOFILE")
+}
+
+// KeepLog moves the log an Error refers to somewhere that outlives the
+// operation's scratch directory: keep copies it and returns the new path.
+func KeepLog(err error, keep func(src, name string) (string, error)) {
+	var ce *Error
+	if errors.As(err, &ce) && ce.Log != "" {
+		if kept, kerr := keep(ce.Log, ce.Op+".log"); kerr == nil {
+			ce.Log = kept
+		}
+	}
+}
+
 // ErrorLines returns up to max error lines of a CRIU log, without CRIU's
 // "(00.001234) Error (criu/x.c:12):" prefixes: what runc's logCriuErrors
 // shows its users.
@@ -307,7 +323,7 @@ func ErrorLines(logPath string, max int) []string {
 			msg = msg[j+3:]
 		}
 		msg = strings.TrimSpace(msg)
-		if msg == "" || strings.HasPrefix(msg, "Dumping FAILED") || strings.HasPrefix(msg, "Restoring FAILED") {
+		if msg == "" || strings.HasPrefix(msg, "Dumping FAILED") || strings.HasPrefix(msg, "Restoring FAILED") || harmless(msg) {
 			continue
 		}
 		lines = append(lines, msg)

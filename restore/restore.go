@@ -87,6 +87,7 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 	}
 	pid, err := criu.Restore(co, images, work, criu.Hooks{})
 	if err != nil {
+		criu.KeepLog(err, s.KeepLog)
 		return nil, err
 	}
 	return &Result{

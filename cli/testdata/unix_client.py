@@ -1,0 +1,15 @@
+# unix_client.py SOCKET OUT: connects to a unix socket served by a process
+# outside its tree, then counts into OUT every 20 ms. CRIU refuses to dump
+# such a connection unless told the peer is external (--ext-unix-sk).
+import socket
+import sys
+import time
+
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+i = 0
+while True:
+    i += 1
+    with open(sys.argv[2], "a") as f:
+        f.write(f"{i}\n")
+    time.sleep(0.02)

@@ -1,0 +1,86 @@
+package criu
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+)
+
+func TestErrorLines(t *testing.T) {
+	got := ErrorLines("testdata/dump.log", 6)
+	want := []string{
+		"unix: Can't dump half of stream unix connection.",
+		"Dump files (pid: 1234) failed with -1",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("ErrorLines = %q, want %q", got, want)
+	}
+	if got := ErrorLines("testdata/dump.log", 1); len(got) != 1 {
+		t.Fatalf("max 1: %q", got)
+	}
+	if got := ErrorLines("testdata/missing.log", 6); got != nil {
+		t.Fatalf("missing log: %q", got)
+	}
+	e := &Error{Op: "dump", Err: errors.New("operation failed"), Excerpt: want, Log: "/x/dump.log"}
+	if msg := e.Error(); msg != "criu dump failed; criu says: unix: Can't dump half of stream unix connection. | Dump files (pid: 1234) failed with -1 (log: /x/dump.log)" {
+		t.Fatalf("Error() = %q", msg)
+	}
+}
+
+// fakeCRIU writes a shell script that prints a version line.
+func fakeCRIU(t *testing.T, version string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "criu")
+	if err := os.WriteFile(p, []byte("#!/bin/sh\necho 'Version: "+version+"'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestVersionAndResolve(t *testing.T) {
+	v, err := Version(fakeCRIU(t, "4.1.1"))
+	if err != nil || v != 40101 || FormatVersion(v) != "4.1.1" {
+		t.Fatalf("Version = %d, %v", v, err)
+	}
+	if _, _, err := Resolve(fakeCRIU(t, "3.17.1")); !errors.Is(err, ErrTooOld) {
+		t.Fatalf("3.17.1: %v", err)
+	}
+	if _, _, err := Resolve(fakeCRIU(t, "4.0")); err != nil {
+		t.Fatalf("4.0: %v", err)
+	}
+	if _, err := Version(fakeCRIU(t, "garbage")); !errors.Is(err, ErrNotInstalled) {
+		t.Fatalf("garbage: %v", err)
+	}
+	t.Setenv("STASIS_CRIU", filepath.Join(t.TempDir(), "nothing"))
+	if _, err := Find(); !errors.Is(err, ErrNotInstalled) {
+		t.Fatalf("Find with a bad STASIS_CRIU: %v", err)
+	}
+}
+
+// TestHasFeature asks the real CRIU (skipped without one) about a feature
+// every CRIU knows, and about one that does not exist.
+func TestHasFeature(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("criu check needs root")
+	}
+	if p, err := filepath.Abs("../bin/criu"); err == nil {
+		if _, err := os.Stat(p); err == nil {
+			t.Setenv("STASIS_CRIU", p)
+		}
+	}
+	path, _, err := Resolve("")
+	if err != nil {
+		t.Skipf("no usable CRIU (run make): %v", err)
+	}
+	ok, err := HasFeature(context.Background(), path, "no_such_feature")
+	if err != nil || ok {
+		t.Fatalf("no_such_feature: %v, %v", ok, err)
+	}
+	// Whether the kernel has it varies; the answer must come without error.
+	if _, err := HasFeature(context.Background(), path, "mem_dirty_track"); err != nil {
+		t.Fatalf("mem_dirty_track: %v", err)
+	}
+}
