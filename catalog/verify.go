@@ -43,6 +43,17 @@ func (s *Store) StreamFile(ctx context.Context, m *Manifest, f DataFile, o ReadO
 	return r.Stream(ctx, f.Chunks, gdswriter.ReadOptions{Workers: o.Workers, Progress: o.Progress}, fn)
 }
 
+// EachChunk reads data file f of a complete checkpoint like StreamFile, but
+// calls fn for the chunks in any order, from several goroutines at once.
+func (s *Store) EachChunk(ctx context.Context, m *Manifest, f DataFile, o ReadOptions, fn func(i int, raw []byte) error) error {
+	r, err := s.openData(m, f, o.NoDirect)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	return r.ForEach(ctx, f.Chunks, gdswriter.ReadOptions{Workers: o.Workers, Progress: o.Progress}, fn)
+}
+
 // ReadFileInto reads the whole decoded stream of data file f into dst
 // (exactly f.RawSize bytes), verifying every chunk, with chunks read and
 // decoded in parallel straight into their place.

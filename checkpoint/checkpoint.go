@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/stasis-ckpt/stasis/catalog"
@@ -123,13 +124,37 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		ExtUnixSockets: o.CRIU.ExtUnixSockets, FileLocks: o.CRIU.FileLocks,
 	}
 	res := &Result{ImagesInRAM: scratch.InRAM()}
+	w := o.Writer
+	w.Progress = o.Progress
+	packer, err := fileset.NewPacker(ctx, pending, w)
+	if err != nil {
+		return nil, err
+	}
+	// The memory images (pages-N.img, nearly all of the bytes) are
+	// streamed into the store while CRIU writes them.
+	stopFollowing := make(chan struct{})
+	followed := make(chan error, 1)
+	go func() { followed <- packer.Follow(images, isPagesImage, stopFollowing) }()
+	finishFollowing := func() error {
+		select {
+		case <-stopFollowing:
+			return nil
+		default:
+		}
+		close(stopFollowing)
+		return <-followed
+	}
+
 	var imagesDone time.Time
 	hooks := criu.Hooks{
 		// The tree is frozen and its images complete: store and commit
 		// them now. An error here makes CRIU resume the tree.
 		PostDump: func() error {
 			imagesDone = time.Now()
-			rec, err := commit(ctx, pending, images, work, meta, o)
+			if err := finishFollowing(); err != nil {
+				return err
+			}
+			rec, err := commit(pending, packer, images, work, meta)
 			if err != nil {
 				return err
 			}
@@ -140,6 +165,12 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	}
 	dumpStart := time.Now()
 	dumpErr := criu.Dump(o.CRIU, o.PID, images, work, hooks)
+	if followErr := finishFollowing(); followErr != nil && dumpErr == nil && !committed {
+		dumpErr = followErr
+	}
+	if !committed {
+		packer.Abort()
+	}
 	if dumpErr != nil {
 		criu.KeepLog(dumpErr, s.KeepLog)
 		if committed {
@@ -160,15 +191,16 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	return res, nil
 }
 
-// commit packs the images (with the dump log so far) into the pending
-// checkpoint and commits it.
-func commit(ctx context.Context, p *catalog.Pending, images, work string, meta Meta, o Options) (*catalog.Record, error) {
+// commit adds the rest of the images (with the dump log so far) to what
+// the packer streamed, and commits the checkpoint.
+func commit(p *catalog.Pending, packer *fileset.Packer, images, work string, meta Meta) (*catalog.Record, error) {
 	if err := copyLog(filepath.Join(work, criu.DumpLog), filepath.Join(images, criu.DumpLog)); err != nil {
 		return nil, err
 	}
-	w := o.Writer
-	w.Progress = o.Progress
-	if err := fileset.AddDir(ctx, p, images, w); err != nil {
+	if err := packer.AddDir(images); err != nil {
+		return nil, err
+	}
+	if err := packer.Close(); err != nil {
 		return nil, err
 	}
 	raw, err := json.Marshal(meta)
@@ -177,6 +209,11 @@ func commit(ctx context.Context, p *catalog.Pending, images, work string, meta M
 	}
 	p.Manifest.Meta = raw
 	return p.Commit()
+}
+
+// isPagesImage matches CRIU's memory images, pages-N.img.
+func isPagesImage(name string) bool {
+	return strings.HasPrefix(name, "pages-") && strings.HasSuffix(name, ".img")
 }
 
 // copyLog copies what CRIU has logged so far, so the checkpoint keeps it.

@@ -6,6 +6,7 @@
 package fileset
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -169,42 +170,31 @@ func Save(ctx context.Context, s *catalog.Store, paths []string, o SaveOptions) 
 
 // AddDir packs everything below dir (not dir itself) into a pending
 // checkpoint of any kind, as its data file and entries, with paths relative
-// to dir. It is how a process checkpoint stores CRIU's image directory.
+// to dir.
 func AddDir(ctx context.Context, p *catalog.Pending, dir string, o gdswriter.WriterOptions) error {
-	var srcs []source
-	var total int64
-	if err := walk(dir, "", &srcs, &total); err != nil {
+	k, err := NewPacker(ctx, p, o)
+	if err != nil {
 		return err
 	}
-	return add(ctx, p, srcs, o)
+	if err := k.AddDir(dir); err != nil {
+		k.Abort()
+		return err
+	}
+	return k.Close()
 }
 
 // add writes the sources into the pending checkpoint's data file and adds
 // their entries and the data file to its manifest.
 func add(ctx context.Context, p *catalog.Pending, srcs []source, o gdswriter.WriterOptions) error {
-	w, err := gdswriter.Create(ctx, p.Path(dataFileName), o)
+	k, err := NewPacker(ctx, p, o)
 	if err != nil {
 		return err
 	}
-	for i := range srcs {
-		e := &srcs[i].entry
-		if e.Type == catalog.EntryFile {
-			e.Offset = w.Offset()
-			if err := copyFile(w, srcs[i].from, e.Size); err != nil {
-				w.Abort()
-				return err
-			}
-		}
-		p.Manifest.Entries = append(p.Manifest.Entries, *e)
-	}
-	res, err := w.Close()
-	if err != nil {
+	if err := k.addSources(srcs); err != nil {
+		k.Abort()
 		return err
 	}
-	p.Manifest.Files = append(p.Manifest.Files, catalog.DataFile{
-		Name: dataFileName, Size: res.Size, RawSize: res.RawSize, ChunkSize: res.ChunkSize, Chunks: res.Chunks,
-	})
-	return nil
+	return k.Close()
 }
 
 // copyFile streams one file into w and checks it still has the size it had
@@ -348,75 +338,51 @@ func unpack(ctx context.Context, s *catalog.Store, m *catalog.Manifest, root str
 	return nil
 }
 
-// writeFiles streams the data file once, in order, and cuts it into the
-// file entries (which Save laid out one after another; entries may leave
-// gaps between them, but must not overlap).
+// writeFiles creates every file entry at its final size, then reads the
+// data files' chunks in parallel and writes each chunk's bytes straight to
+// their places in the files they belong to. Byte ranges that are all zeros
+// are not written: a file created at its size reads as zeros there, and
+// leaving holes saves writing them (process images are often half zeros).
+// Every chunk is verified before any of its bytes are written.
 func writeFiles(ctx context.Context, s *catalog.Store, m *catalog.Manifest, files []catalog.Entry, local func(catalog.Entry) string, o LoadOptions) error {
-	sort.SliceStable(files, func(i, j int) bool { return files[i].Offset < files[j].Offset })
 	byFile := map[int][]catalog.Entry{}
 	for _, e := range files {
-		if prev := byFile[e.File]; len(prev) > 0 && e.Offset < prev[len(prev)-1].Offset+prev[len(prev)-1].Size {
-			return fmt.Errorf("%w: files %s and %s share bytes of the data stream, which load cannot restore", catalog.ErrBadManifest, prev[len(prev)-1].Path, e.Path)
+		f, err := os.OpenFile(local(e), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return err
 		}
-		byFile[e.File] = append(byFile[e.File], e)
+		err = f.Truncate(e.Size)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		if e.Size > 0 {
+			byFile[e.File] = append(byFile[e.File], e)
+		}
 	}
 	for fi, df := range m.Files {
 		entries := byFile[fi]
-		next := 0
-		var out *os.File
-		defer func() {
-			if out != nil {
-				out.Close()
-			}
-		}()
-		// Empty files need no bytes from the stream.
-		openNext := func(streamPos int64) error {
-			for out == nil && next < len(entries) && entries[next].Offset <= streamPos {
-				f, err := os.OpenFile(local(entries[next]), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-				if err != nil {
-					return err
-				}
-				if entries[next].Size == 0 {
-					f.Close()
-					next++
-					continue
-				}
-				out = f
-			}
-			return nil
+		if len(entries) == 0 {
+			continue
 		}
-		var pos int64
-		err := s.StreamFile(ctx, m, df, o.Read, func(_ int, raw []byte) error {
-			for len(raw) > 0 {
-				if err := openNext(pos); err != nil {
+		sort.Slice(entries, func(i, j int) bool { return entries[i].Offset < entries[j].Offset })
+		for i := 1; i < len(entries); i++ {
+			if entries[i].Offset < entries[i-1].Offset+entries[i-1].Size {
+				return fmt.Errorf("%w: entries %s and %s overlap in data file %s", catalog.ErrBadManifest, entries[i-1].Path, entries[i].Path, df.Name)
+			}
+		}
+		err := s.EachChunk(ctx, m, df, o.Read, func(i int, raw []byte) error {
+			start := int64(i) * df.ChunkSize
+			end := start + int64(len(raw))
+			// The first entry that ends after this chunk starts.
+			k := sort.Search(len(entries), func(k int) bool { return entries[k].Offset+entries[k].Size > start })
+			for ; k < len(entries) && entries[k].Offset < end; k++ {
+				e := entries[k]
+				lo, hi := max(e.Offset, start), min(e.Offset+e.Size, end)
+				if err := writeRange(local(e), raw[lo-start:hi-start], lo-e.Offset); err != nil {
 					return err
-				}
-				if out == nil {
-					// No file at pos: skip to where the next one starts.
-					skip := int64(len(raw))
-					if next < len(entries) {
-						skip = min(skip, entries[next].Offset-pos)
-					}
-					raw, pos = raw[skip:], pos+skip
-					continue
-				}
-				e := entries[next]
-				if pos < e.Offset {
-					skip := min(e.Offset-pos, int64(len(raw)))
-					raw, pos = raw[skip:], pos+skip
-					continue
-				}
-				n := min(e.Offset+e.Size-pos, int64(len(raw)))
-				if _, err := out.Write(raw[:n]); err != nil {
-					return err
-				}
-				raw, pos = raw[n:], pos+n
-				if pos == e.Offset+e.Size {
-					if err := out.Close(); err != nil {
-						return err
-					}
-					out = nil
-					next++
 				}
 			}
 			return nil
@@ -424,12 +390,38 @@ func writeFiles(ctx context.Context, s *catalog.Store, m *catalog.Manifest, file
 		if err != nil {
 			return err
 		}
-		if err := openNext(pos); err != nil {
-			return err
-		}
-		if out != nil || next < len(entries) {
-			return fmt.Errorf("%w: data file %s ended before its entries did", gdswriter.ErrCorrupt, df.Name)
-		}
 	}
 	return nil
+}
+
+// writeRange writes b at off in the file at path, skipping it when it is
+// all zeros (the file was created at its size, so it reads as zeros there).
+func writeRange(path string, b []byte, off int64) error {
+	if allZero(b) {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteAt(b, off)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+var zeroBlock [4096]byte
+
+// allZero compares b with zeros a block at a time (bytes.Equal is
+// vectorised).
+func allZero(b []byte) bool {
+	for len(b) > 0 {
+		n := min(len(b), len(zeroBlock))
+		if !bytes.Equal(b[:n], zeroBlock[:n]) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
 }

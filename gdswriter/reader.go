@@ -269,3 +269,49 @@ func (r *Reader) ReadInto(ctx context.Context, chunks []Chunk, chunkSize int64, 
 		return nil
 	})
 }
+
+// ForEach reads, verifies and decodes every chunk of the table with several
+// workers and calls fn for each, in no particular order and from several
+// goroutines at once. raw is valid only during the call. The first error
+// stops the work and is returned.
+func (r *Reader) ForEach(ctx context.Context, chunks []Chunk, o ReadOptions, fn func(i int, raw []byte) error) error {
+	if len(chunks) == 0 {
+		return nil
+	}
+	workers := o.Workers
+	if workers <= 0 {
+		workers = DefaultWorkers()
+	}
+	workers = min(workers, len(chunks))
+	var bufSize int64
+	for _, c := range chunks {
+		bufSize = max(bufSize, c.Extent(), c.Raw)
+	}
+	pool, err := newBufferPool(2*workers, int(bufSize))
+	if err != nil {
+		return err
+	}
+	defer pool.close()
+	decoders := make(chan *Decoder, workers)
+	for i := 0; i < workers; i++ {
+		decoders <- NewDecoder()
+	}
+	return forBlocks(ctx, len(chunks), 1, workers, func(i, _ int) error {
+		c := chunks[i]
+		dec := <-decoders
+		ext, dst := pool.get(), pool.get()
+		defer func() {
+			pool.put(ext)
+			pool.put(dst)
+			decoders <- dec
+		}()
+		raw, err := r.readChunk(i, c, ext.mem, dst.mem, dec)
+		if err == nil {
+			err = fn(i, raw)
+		}
+		if err == nil && o.Progress != nil {
+			o.Progress(c.Raw)
+		}
+		return err
+	})
+}

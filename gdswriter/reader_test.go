@@ -243,3 +243,44 @@ func TestWriteSharedCancel(t *testing.T) {
 	os.Remove(path)
 	settleGoroutines(t, before)
 }
+
+// TestForEach delivers every chunk exactly once, with its bytes, from
+// several workers, and stops at the first error.
+func TestForEach(t *testing.T) {
+	dir := t.TempDir()
+	data := wtData(37*Alignment*16+999, 11)
+	path, res := wtWrite(t, dir, data, WriterOptions{ChunkSize: 16 * Alignment, Method: MethodZstd, Workers: 3}, false)
+	r, err := OpenReader(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	got := make([]byte, len(data))
+	seen := make([]atomic.Int32, len(res.Chunks))
+	err = r.ForEach(context.Background(), res.Chunks, ReadOptions{Workers: 4}, func(i int, raw []byte) error {
+		seen[i].Add(1)
+		copy(got[int64(i)*res.ChunkSize:], raw)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range seen {
+		if n := seen[i].Load(); n != 1 {
+			t.Fatalf("chunk %d delivered %d times", i, n)
+		}
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("ForEach delivered other bytes")
+	}
+	stop := errors.New("stop here")
+	err = r.ForEach(context.Background(), res.Chunks, ReadOptions{Workers: 4}, func(i int, raw []byte) error {
+		if i == 5 {
+			return stop
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) {
+		t.Fatalf("ForEach returned %v, want the callback's error", err)
+	}
+}

@@ -3,23 +3,27 @@
 # process, in one run: a Python process holding SIZE MiB of anonymous memory,
 # half random and half zeros, that counts into a file every 20 ms.
 #
-#   scripts/bench-process.sh [-s MiB]... [-d DIR]      (root; after make)
+#   scripts/bench-process.sh [-s MiB]... [-r ROUNDS] [-d DIR]   (root; after make)
 #
 # By hand: `criu dump --leave-running -D DIR/by-hand` (the images land in the
 # page cache), then `sync` to make them durable; `criu restore -d`.
 # stasis: `stasis checkpoint --leave-running` (durable, compressed,
 # checksummed, committed) and `stasis restore`. Restores start from a cold
-# page cache (drop_caches) on both sides. Prints one JSON object per size.
+# page cache (drop_caches) on both sides. Each round measures both sides,
+# in alternating order; the best time of each over the rounds is reported.
+# Prints one JSON object per size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 sizes=()
+rounds=3
 dir=/var/tmp/stasis-bench-process
-while getopts "s:d:" opt; do
+while getopts "s:r:d:" opt; do
 	case $opt in
 	s) sizes+=("$OPTARG") ;;
+	r) rounds=$OPTARG ;;
 	d) dir=$OPTARG ;;
-	*) echo "usage: $0 [-s MiB]... [-d DIR]" >&2; exit 2 ;;
+	*) echo "usage: $0 [-s MiB]... [-r ROUNDS] [-d DIR]" >&2; exit 2 ;;
 	esac
 done
 [ ${#sizes[@]} -gt 0 ] || sizes=(1024 8192)
@@ -39,55 +43,82 @@ wait_counting() { local n; n=$(wc -l <"$1" 2>/dev/null || echo 0)
 	until [ "$(wc -l <"$1" 2>/dev/null || echo 0)" -gt "$((n + 2))" ]; do sleep 0.05; done; }
 cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 
+best() { python3 -c 'import sys; print(min(float(x) for x in sys.argv[1:]))' "$@"; }
+
+# One side's checkpoint; sets the named result variables.
+by_hand_checkpoint() {
+	rm -rf "$dir/by-hand"; mkdir -p "$dir/by-hand"
+	cold
+	local t t2
+	t=$(now)
+	"$criu_bin" dump -t "$pid" -D "$dir/by-hand" --leave-running -o dump.log
+	hand_dump+=("$(since "$t")")
+	t2=$(now)
+	sync
+	hand_sync+=("$(since "$t2")")
+	hand_bytes=$(du -sb "$dir/by-hand" | cut -f1)
+	wait_counting "$dir/count"
+}
+stasis_checkpoint() {
+	"$stasis" gc >/dev/null
+	for old in $("$stasis" ls --json | python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.load(sys.stdin)))'); do
+		"$stasis" rm "$old" >/dev/null
+	done
+	cold
+	local t json
+	t=$(now)
+	json=$("$stasis" checkpoint --pid "$pid" --leave-running --job bench --json)
+	stasis_total+=("$(since "$t")")
+	id=$(echo "$json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["record"]["id"])')
+	stored=$(echo "$json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["record"]["stored_bytes"])')
+	stasis_pause+=("$(echo "$json" | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["dump_seconds"]+j["store_seconds"])')")
+	wait_counting "$dir/count"
+}
+by_hand_restore() {
+	kill -9 "$pid"; wait_gone "$pid"
+	cold
+	local t
+	t=$(now)
+	"$criu_bin" restore -D "$dir/by-hand" -d -o restore.log
+	hand_restore+=("$(since "$t")")
+	wait_counting "$dir/count"
+}
+stasis_restore() {
+	kill -9 "$pid"; wait_gone "$pid"
+	cold
+	local t
+	t=$(now)
+	"$stasis" restore "$id" >/dev/null
+	stasis_restore+=("$(since "$t")")
+	wait_counting "$dir/count"
+}
+
 mkdir -p "$dir"
 for size in "${sizes[@]}"; do
 	rm -rf "$dir/by-hand" "$STASIS_HOME" "$dir/count"
-	mkdir -p "$dir/by-hand"
+	hand_dump=(); hand_sync=(); stasis_total=(); stasis_pause=(); hand_restore=(); stasis_restore=()
 	pid=$(sh -c "setsid python3 cli/testdata/memory.py '$dir/count' $size </dev/null >/dev/null 2>&1 & echo \$!")
 	until [ -s "$dir/count" ]; do sleep 0.1; done
 	wait_counting "$dir/count"
-
-	cold
-	t=$(now)
-	"$criu_bin" dump -t "$pid" -D "$dir/by-hand" --leave-running -o dump.log
-	hand_dump=$(since "$t")
-	t2=$(now)
-	sync
-	hand_sync=$(since "$t2")
-	hand_bytes=$(du -sb "$dir/by-hand" | cut -f1)
-	wait_counting "$dir/count"
-
-	cold
-	t=$(now)
-	json=$("$stasis" checkpoint --pid "$pid" --leave-running --job bench --json)
-	stasis_total=$(since "$t")
-	id=$(echo "$json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["record"]["id"])')
-	stored=$(echo "$json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["record"]["stored_bytes"])')
-	stasis_pause=$(echo "$json" | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["dump_seconds"]+j["store_seconds"])')
-	wait_counting "$dir/count"
-
-	kill -9 "$pid"; wait_gone "$pid"
-	cold
-	t=$(now)
-	"$criu_bin" restore -D "$dir/by-hand" -d -o restore.log
-	hand_restore=$(since "$t")
-	wait_counting "$dir/count"
+	for ((round = 0; round < rounds; round++)); do
+		# Both checkpoints of a round image the same running process; the
+		# restores then bring back the by-hand image and stasis's in turn.
+		if ((round % 2 == 0)); then
+			by_hand_checkpoint; stasis_checkpoint; by_hand_restore; stasis_restore
+		else
+			stasis_checkpoint; by_hand_checkpoint; stasis_restore; by_hand_restore
+		fi
+		echo "round $((round + 1)): by hand dump ${hand_dump[-1]} s (+ sync ${hand_sync[-1]} s), restore ${hand_restore[-1]} s; stasis checkpoint ${stasis_total[-1]} s, restore ${stasis_restore[-1]} s" >&2
+	done
 	kill -9 "$pid"; wait_gone "$pid"
 
-	cold
-	t=$(now)
-	"$stasis" restore "$id" >/dev/null
-	stasis_restore=$(since "$t")
-	wait_counting "$dir/count"
-	kill -9 "$pid"; wait_gone "$pid"
-
-	python3 - "$size" "$hand_dump" "$hand_sync" "$hand_bytes" "$stasis_total" "$stasis_pause" "$stored" "$hand_restore" "$stasis_restore" <<'PY'
+	python3 - "$size" "$(best "${hand_dump[@]}")" "$(best "${hand_sync[@]}")" "$hand_bytes" "$(best "${stasis_total[@]}")" "$(best "${stasis_pause[@]}")" "$stored" "$(best "${hand_restore[@]}")" "$(best "${stasis_restore[@]}")" "$rounds" <<'PY'
 import json, sys
-size, hd, hs, hb, st, sp, sb, hr, sr = sys.argv[1:]
+size, hd, hs, hb, st, sp, sb, hr, sr, rounds = sys.argv[1:]
 hd, hs, st, sp, hr, sr = map(float, (hd, hs, st, sp, hr, sr))
 hb, sb = int(hb), int(sb)
 print(json.dumps({
-    "memory_mib": int(size),
+    "memory_mib": int(size), "rounds": int(rounds),
     "by_hand_dump_s": round(hd, 3), "by_hand_sync_s": round(hs, 3), "by_hand_image_bytes": hb,
     "stasis_checkpoint_s": round(st, 3), "stasis_frozen_s": round(sp, 3), "stasis_stored_bytes": sb,
     "checkpoint_vs_by_hand_dump": round(st / hd, 3),

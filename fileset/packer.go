@@ -1,0 +1,203 @@
+package fileset
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/gdswriter"
+)
+
+// Packer writes the files of a directory into one data file of a pending
+// checkpoint, and can start on files while another program is still
+// writing them (Follow): a process checkpoint streams CRIU's memory images
+// into the store while CRIU is still dumping.
+type Packer struct {
+	ctx     context.Context
+	p       *catalog.Pending
+	w       *gdswriter.Writer
+	streams map[string]catalog.Entry // files streamed by Follow, by path
+}
+
+// NewPacker starts the data file of p.
+func NewPacker(ctx context.Context, p *catalog.Pending, o gdswriter.WriterOptions) (*Packer, error) {
+	w, err := gdswriter.Create(ctx, p.Path(dataFileName), o)
+	if err != nil {
+		return nil, err
+	}
+	return &Packer{ctx: ctx, p: p, w: w, streams: map[string]catalog.Entry{}}, nil
+}
+
+// followPoll is how often Follow looks for new bytes when there were none.
+const followPoll = 2 * time.Millisecond
+
+// Follow streams the files of dir that match, in name order, into the data
+// file as they grow: a file is followed until a later matching file
+// appears, or until stop is closed, after which Follow takes what is left
+// of each and returns. Files are only read, never trusted to be final:
+// AddDir checks each streamed file against its final size and stores a
+// file again, whole, if it changed after it was streamed. Follow must not
+// run at the same time as AddDir.
+func (k *Packer) Follow(dir string, match func(name string) bool, stop <-chan struct{}) error {
+	done := map[string]bool{}
+	for {
+		stopping := false
+		select {
+		case <-stop:
+			stopping = true
+		default:
+		}
+		names, err := matching(dir, match)
+		if err != nil {
+			return err
+		}
+		var next string
+		for _, n := range names {
+			if !done[n] {
+				next = n
+				break
+			}
+		}
+		if next == "" {
+			if stopping {
+				return nil
+			}
+			if err := k.pause(stop); err != nil {
+				return err
+			}
+			continue
+		}
+		later := func() bool {
+			names, err := matching(dir, match)
+			return err == nil && len(names) > 0 && names[len(names)-1] > next
+		}
+		if err := k.follow(filepath.Join(dir, next), next, later, stop); err != nil {
+			return err
+		}
+		done[next] = true
+	}
+}
+
+// follow streams one file until it is complete as far as Follow can tell:
+// a later file exists (CRIU has moved on) or stop is closed.
+func (k *Packer) follow(path, name string, later func() bool, stop <-chan struct{}) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	e := catalog.Entry{Path: name, Type: catalog.EntryFile, Offset: k.w.Offset(), Mode: 0o600}
+	defer func() { k.streams[name] = e }()
+	stopped := false
+	for {
+		if !stopped {
+			select {
+			case <-stop:
+				stopped = true
+			default:
+			}
+		}
+		st, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		// Take whole chunks while the file grows; everything once it is done.
+		avail := st.Size() - e.Size
+		if !stopped {
+			avail -= avail % gdswriter.DefaultChunkSize
+		}
+		if avail > 0 {
+			n, err := k.w.ReadFrom(io.NewSectionReader(f, e.Size, avail))
+			e.Size += n
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if stopped {
+			return nil
+		}
+		if later() {
+			stopped = true // take the rest of this file, then move on
+			continue
+		}
+		if err := k.pause(stop); err != nil {
+			return err
+		}
+	}
+}
+
+func (k *Packer) pause(stop <-chan struct{}) error {
+	select {
+	case <-k.ctx.Done():
+		return k.ctx.Err()
+	case <-stop:
+	case <-time.After(followPoll):
+	}
+	return nil
+}
+
+func matching(dir string, match func(string) bool) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if e.Type().IsRegular() && match(e.Name()) {
+			names = append(names, e.Name())
+		}
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// AddDir adds everything below dir (not dir itself) with paths relative to
+// dir. A file Follow streamed keeps its bytes if its size has not changed
+// since; otherwise it is stored again, whole (its first bytes stay in the
+// data file as an unreferenced gap).
+func (k *Packer) AddDir(dir string) error {
+	var srcs []source
+	var total int64
+	if err := walk(dir, "", &srcs, &total); err != nil {
+		return err
+	}
+	return k.addSources(srcs)
+}
+
+// addSources stores each source's bytes (unless Follow already streamed
+// all of them) and adds its entry to the manifest.
+func (k *Packer) addSources(srcs []source) error {
+	for i := range srcs {
+		e := &srcs[i].entry
+		if streamed, ok := k.streams[e.Path]; ok && e.Type == catalog.EntryFile && streamed.Size == e.Size {
+			e.Offset = streamed.Offset
+		} else if e.Type == catalog.EntryFile {
+			e.Offset = k.w.Offset()
+			if err := copyFile(k.w, srcs[i].from, e.Size); err != nil {
+				return err
+			}
+		}
+		k.p.Manifest.Entries = append(k.p.Manifest.Entries, *e)
+	}
+	return nil
+}
+
+// Close finishes the data file and adds it to the manifest.
+func (k *Packer) Close() error {
+	res, err := k.w.Close()
+	if err != nil {
+		return err
+	}
+	k.p.Manifest.Files = append(k.p.Manifest.Files, catalog.DataFile{
+		Name: dataFileName, Size: res.Size, RawSize: res.RawSize, ChunkSize: res.ChunkSize, Chunks: res.Chunks,
+	})
+	return nil
+}
+
+// Abort stops the writer; the caller aborts the pending checkpoint.
+func (k *Packer) Abort() { k.w.Abort() }

@@ -1,0 +1,138 @@
+package fileset_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/fileset"
+	"github.com/stasis-ckpt/stasis/gdswriter"
+)
+
+// appendSlowly appends data to path in pieces, as CRIU writes an image.
+func appendSlowly(t *testing.T, path string, data []byte, piece int) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer f.Close()
+	for len(data) > 0 {
+		n := min(piece, len(data))
+		if _, err := f.Write(data[:n]); err != nil {
+			t.Error(err)
+			return
+		}
+		data = data[n:]
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestPackerFollow streams two growing files while they are written, then
+// adds the rest of the directory, including one followed file that was
+// rewritten after it was streamed: it must be stored again, whole. Loading
+// the checkpoint gives back the directory as it was at the end.
+func TestPackerFollow(t *testing.T) {
+	s := mustStore(t)
+	dir := t.TempDir()
+	pages1 := randBytes(9*gdswriter.DefaultChunkSize+1234, 1)
+	pages2 := randBytes(3*gdswriter.DefaultChunkSize+77, 2)
+	write(t, filepath.Join(dir, "core-1.img"), []byte("core"), 0o600)
+
+	p, err := s.Begin(catalog.KindProcess, "follow", 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var written atomic.Int64
+	k, err := fileset.NewPacker(context.Background(), p, gdswriter.WriterOptions{Method: gdswriter.MethodAuto, Progress: func(n int64) { written.Add(n) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	followed := make(chan error, 1)
+	isPages := func(name string) bool { return strings.HasPrefix(name, "pages-") }
+	go func() { followed <- k.Follow(dir, isPages, stop) }()
+
+	appendSlowly(t, filepath.Join(dir, "pages-1.img"), pages1, 1<<20)
+	appendSlowly(t, filepath.Join(dir, "pages-2.img"), pages2, 1<<20)
+	// Once pages-1 is streamed, it changes: Follow has moved on to pages-2.
+	for deadline := time.Now().Add(20 * time.Second); written.Load() < int64(len(pages1)); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Follow streamed %d bytes of the %d of pages-1", written.Load(), len(pages1))
+		}
+	}
+	rewritten := randBytes(len(pages1)-5000, 3)
+	write(t, filepath.Join(dir, "pages-1.img"), rewritten, 0o600)
+	close(stop)
+	if err := <-followed; err != nil {
+		t.Fatal(err)
+	}
+	if err := k.AddDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := p.Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.ReadManifest(rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	if err := fileset.Unpack(context.Background(), s, m, out, fileset.LoadOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string][]byte{"pages-1.img": rewritten, "pages-2.img": pages2, "core-1.img": []byte("core")} {
+		got, err := os.ReadFile(filepath.Join(out, name))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s: %d bytes back, want %d (%v)", name, len(got), len(want), err)
+		}
+	}
+	// pages-2 was kept as streamed; pages-1, rewritten, was stored again
+	// after it, and its first copy is a gap in the stream.
+	offsets := map[string]int64{}
+	for _, e := range m.Entries {
+		offsets[e.Path] = e.Offset
+	}
+	if offsets["pages-1.img"] <= offsets["pages-2.img"] {
+		t.Errorf("pages-1 at %d, pages-2 at %d: the rewritten file was not stored again", offsets["pages-1.img"], offsets["pages-2.img"])
+	}
+	if m.Bytes != int64(len(pages1)+len(pages2)+len(rewritten)+len("core")) {
+		t.Errorf("stream holds %d bytes, want both copies of pages-1, pages-2 and core", m.Bytes)
+	}
+}
+
+// TestUnpackLeavesZerosAsHoles loads a file whose middle is zeros: the
+// bytes come back right, and the zero range takes no space.
+func TestUnpackLeavesZerosAsHoles(t *testing.T) {
+	s := mustStore(t)
+	src := t.TempDir()
+	data := append(append(randBytes(chunk, 5), make([]byte, 16*chunk)...), randBytes(chunk, 6)...)
+	write(t, filepath.Join(src, "f"), data, 0o600)
+	rec, err := fileset.Save(context.Background(), s, []string{filepath.Join(src, "f")}, opts("holes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	if _, err := fileset.Load(context.Background(), s, rec.ID, out, fileset.LoadOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(out, "f"))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("loaded %d bytes, want %d equal ones (%v)", len(got), len(data), err)
+	}
+	var st = statBlocks(t, filepath.Join(out, "f"))
+	if st*512 >= int64(len(data)) {
+		t.Errorf("the file uses %d bytes on disk for %d bytes with %d of zeros", st*512, len(data), 16*chunk)
+	}
+}
