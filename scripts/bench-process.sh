@@ -36,7 +36,7 @@ export STASIS_CRIU=$criu_bin
 export STASIS_HOME=$dir/store
 
 now() { date +%s.%N; }
-since() { echo "$(now) - $1" | bc -l; }
+since() { awk -v a="$(now)" -v b="$1" 'BEGIN { printf "%.6f\n", a - b }'; }
 wait_gone() { while [ -d /proc/$1 ] && ! grep -q '^State:.Z' /proc/$1/status 2>/dev/null; do sleep 0.02; done
 	while [ -d /proc/$1 ]; do sleep 0.05; done; }
 wait_counting() { local n; n=$(wc -l <"$1" 2>/dev/null || echo 0)
