@@ -20,6 +20,7 @@ import (
 
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/criu"
+	"github.com/stasis-ckpt/stasis/cuda"
 	"github.com/stasis-ckpt/stasis/fileset"
 	"github.com/stasis-ckpt/stasis/gdswriter"
 	"golang.org/x/sys/unix"
@@ -34,8 +35,17 @@ type Options struct {
 	// LeaveRunning keeps the tree running after the checkpoint; otherwise
 	// it is gone once the checkpoint is committed.
 	LeaveRunning bool
-	CRIU         criu.Options
-	Writer       gdswriter.WriterOptions
+	// Fast keeps the pause short: the images go to RAM while the job is
+	// paused, the job resumes at once, and compression, checksums and the
+	// durable commit follow while it runs. The checkpoint is listed only
+	// once it is durable; if storing fails, there is no checkpoint and the
+	// job runs on. Fast implies LeaveRunning.
+	Fast   bool
+	CRIU   criu.Options
+	Writer gdswriter.WriterOptions
+	// LockTimeout bounds the wait for a GPU process's submitted work when
+	// it is locked; DefaultLockTimeout when zero.
+	LockTimeout time.Duration
 	// Progress, when set, receives raw byte counts as images are stored.
 	Progress func(int64)
 }
@@ -53,16 +63,21 @@ type Meta struct {
 	TCPEstablished bool `json:"tcp_established,omitempty"`
 	ExtUnixSockets bool `json:"ext_unix_sk,omitempty"`
 	FileLocks      bool `json:"file_locks,omitempty"`
+	// GPU is set when processes of the tree use CUDA.
+	GPU *GPUMeta `json:"gpu,omitempty"`
 }
 
 // Result reports a checkpoint.
 type Result struct {
 	Record *catalog.Record
-	// Dump is CRIU's time from the start of the dump to the images being
-	// complete; Store is packing and committing them; the tree is frozen
-	// for about Dump+Store.
-	Dump, Store, Total time.Duration
-	ImagesInRAM        bool
+	// GPULock and GPUCheckpoint are the CUDA lock and checkpoint; Dump is
+	// CRIU's time from the start of the dump to the images being complete;
+	// Store is the rest of the storing and the commit; GPUResume is the
+	// CUDA restore and unlock of --leave-running. Pause is how long the
+	// job was stopped (from the lock, or the dump, to its resumption), for
+	// a job that goes on; Total is the whole checkpoint.
+	GPULock, GPUCheckpoint, Dump, Store, GPUResume, Pause, Total time.Duration
+	ImagesInRAM                                                  bool
 }
 
 // Run checkpoints the process tree rooted at o.PID into s.
@@ -85,6 +100,9 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		return nil, err
 	}
 	o.CRIU.Path = criuPath
+	if o.Fast {
+		o.LeaveRunning = true
+	}
 	o.CRIU.LeaveRunning = o.LeaveRunning
 	if o.Job == "" {
 		o.Job = tree[0].Comm
@@ -92,6 +110,27 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	var rss int64
 	for _, p := range tree {
 		rss += p.RSSBytes
+	}
+	var gpu *gpuSession
+	var gpuMeta *GPUMeta
+	if pids := cudaPIDs(tree); len(pids) > 0 {
+		drv, err := cuda.Load()
+		if err != nil {
+			return nil, fmt.Errorf("PID %d uses CUDA: %w", pids[0], err)
+		}
+		gpu = &gpuSession{drv: drv, pids: pids}
+		gpuMeta = &GPUMeta{PIDs: pids}
+		if gpuMeta.DriverVersion, err = drv.DriverVersion(); err != nil {
+			return nil, err
+		}
+		if gpuMeta.Devices, err = drv.Devices(); err != nil {
+			return nil, err
+		}
+		for _, pid := range pids {
+			if st, err := drv.ProcessState(pid); err != nil || st != cuda.Running {
+				return nil, fmt.Errorf("%w: PID %d is %v on the GPU side (%v); `stasis recover --pid %d` resumes it", catalog.ErrInvalid, pid, st, err, pid)
+			}
+		}
 	}
 
 	pending, err := s.Begin(catalog.KindProcess, o.Job, o.Step, o.Tags)
@@ -121,7 +160,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	meta := Meta{
 		PID: o.PID, Processes: tree, CRIUVersion: criu.FormatVersion(criuVersion), Kernel: kernelRelease(),
 		LeaveRunning: o.LeaveRunning, ShellJob: o.CRIU.ShellJob, TCPEstablished: o.CRIU.TCPEstablished,
-		ExtUnixSockets: o.CRIU.ExtUnixSockets, FileLocks: o.CRIU.FileLocks,
+		ExtUnixSockets: o.CRIU.ExtUnixSockets, FileLocks: o.CRIU.FileLocks, GPU: gpuMeta,
 	}
 	res := &Result{ImagesInRAM: scratch.InRAM()}
 	w := o.Writer
@@ -130,11 +169,16 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The memory images (pages-N.img, nearly all of the bytes) are
-	// streamed into the store while CRIU writes them.
+	// Unless in fast mode, the memory images (pages-N.img, nearly all of
+	// the bytes) are streamed into the store while CRIU writes them.
 	stopFollowing := make(chan struct{})
 	followed := make(chan error, 1)
-	go func() { followed <- packer.Follow(images, isPagesImage, stopFollowing) }()
+	if o.Fast {
+		close(stopFollowing)
+		followed <- nil
+	} else {
+		go func() { followed <- packer.Follow(images, isPagesImage, stopFollowing) }()
+	}
 	finishFollowing := func() error {
 		select {
 		case <-stopFollowing:
@@ -148,9 +192,13 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	var imagesDone time.Time
 	hooks := criu.Hooks{
 		// The tree is frozen and its images complete: store and commit
-		// them now. An error here makes CRIU resume the tree.
+		// them now (in fast mode: after the job resumes). An error here
+		// makes CRIU resume the tree.
 		PostDump: func() error {
 			imagesDone = time.Now()
+			if o.Fast {
+				return nil
+			}
 			if err := finishFollowing(); err != nil {
 				return err
 			}
@@ -163,13 +211,30 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			return nil
 		},
 	}
+	pauseStart := time.Now()
+	if gpu != nil {
+		timeout := o.LockTimeout
+		if timeout <= 0 {
+			timeout = DefaultLockTimeout
+		}
+		err := gpu.lockAndCheckpoint(timeout)
+		res.GPULock, res.GPUCheckpoint = gpu.lockTime, gpu.checkpointTime
+		if err != nil {
+			packer.Abort()
+			finishFollowing()
+			return nil, gpu.rollback(err)
+		}
+	}
 	dumpStart := time.Now()
 	dumpErr := criu.Dump(o.CRIU, o.PID, images, work, hooks)
 	if followErr := finishFollowing(); followErr != nil && dumpErr == nil && !committed {
 		dumpErr = followErr
 	}
-	if !committed {
+	if !committed && (dumpErr != nil || !o.Fast) {
 		packer.Abort()
+	}
+	if dumpErr == nil && !committed && !o.Fast {
+		dumpErr = errors.New("criu dump returned without running the post-dump step")
 	}
 	if dumpErr != nil {
 		criu.KeepLog(dumpErr, s.KeepLog)
@@ -177,16 +242,43 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			// CRIU failed after the commit, so the tree was resumed: a
 			// checkpoint of a job that went on is not the job's state.
 			if err := s.Remove(res.Record.ID); err != nil {
-				return nil, errors.Join(dumpErr, err)
+				dumpErr = errors.Join(dumpErr, err)
 			}
+		}
+		if gpu != nil {
+			return nil, gpu.rollback(dumpErr)
 		}
 		return nil, dumpErr
 	}
-	if !committed {
-		return nil, errors.New("criu dump returned without running the post-dump step")
+	resumed := time.Now()
+	if gpu != nil && o.LeaveRunning {
+		if err := gpu.resume(); err != nil {
+			what := "the checkpoint"
+			if res.Record != nil {
+				what = "checkpoint " + res.Record.ID
+			}
+			return nil, fmt.Errorf("%s is taken, but the job could not be resumed: %w", what, err)
+		}
+		res.GPUResume = time.Since(resumed)
+	}
+	if o.LeaveRunning {
+		res.Pause = time.Since(pauseStart)
 	}
 	res.Dump = imagesDone.Sub(dumpStart)
-	res.Store = time.Since(imagesDone)
+	if o.Fast {
+		// The job runs again: now compress, checksum and commit.
+		storeStart := time.Now()
+		rec, err := commit(pending, packer, images, work, meta)
+		if err != nil {
+			packer.Abort()
+			return nil, fmt.Errorf("the job runs on, but its checkpoint could not be stored: %w", err)
+		}
+		committed = true
+		res.Record = rec
+		res.Store = time.Since(storeStart)
+	} else {
+		res.Store = resumed.Sub(imagesDone)
+	}
 	res.Total = time.Since(start)
 	return res, nil
 }

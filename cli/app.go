@@ -76,6 +76,8 @@ func (e *env) app() *ucli.App {
 			e.loadCommand(),
 			e.checkpointCommand(),
 			e.restoreCommand(),
+			e.recoverCommand(),
+			e.cudaCommand(),
 			e.lsCommand(),
 			e.showCommand(),
 			e.verifyCommand(),

@@ -30,6 +30,8 @@ func (e *env) checkpointCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "job", Usage: "the job it belongs to (default: the process's name)"},
 			&ucli.Int64Flag{Name: "step", Usage: "the training step, if known"},
 			&ucli.BoolFlag{Name: "leave-running", Usage: "keep the process running after the checkpoint"},
+			&ucli.BoolFlag{Name: "fast", Usage: "pause the job only for the dump into RAM; compress and store after it resumes (implies --leave-running)"},
+			&ucli.DurationFlag{Name: "gpu-lock-timeout", Value: checkpoint.DefaultLockTimeout, Usage: "how long the CUDA lock waits for GPU work already submitted; past it the checkpoint is rolled back"},
 			&ucli.StringFlag{Name: "compress", Value: "auto", Usage: "none, zstd, s2 or auto"},
 			&ucli.StringSliceFlag{Name: "tag", Usage: "key=value, repeatable"},
 			&ucli.BoolFlag{Name: "json", Usage: "print the record and timings as JSON"},
@@ -52,7 +54,7 @@ func (e *env) checkpointCommand() *ucli.Command {
 			}
 			res, err := checkpoint.Run(c.Context, s, checkpoint.Options{
 				PID: c.Int("pid"), Job: c.String("job"), Step: c.Int64("step"), Tags: tags,
-				LeaveRunning: c.Bool("leave-running"),
+				LeaveRunning: c.Bool("leave-running"), Fast: c.Bool("fast"), LockTimeout: c.Duration("gpu-lock-timeout"),
 				CRIU: criu.Options{ShellJob: c.Bool("shell-job"), TCPEstablished: c.Bool("tcp-established"),
 					ExtUnixSockets: c.Bool("ext-unix-sk"), FileLocks: c.Bool("file-locks")},
 				Writer: gdswriter.WriterOptions{Method: method},
@@ -63,13 +65,19 @@ func (e *env) checkpointCommand() *ucli.Command {
 			rec := res.Record
 			if c.Bool("json") {
 				return printJSON(e.stdout, map[string]any{
-					"record": rec, "dump_seconds": res.Dump.Seconds(), "store_seconds": res.Store.Seconds(),
+					"record": rec, "gpu_lock_seconds": res.GPULock.Seconds(), "gpu_checkpoint_seconds": res.GPUCheckpoint.Seconds(),
+					"dump_seconds": res.Dump.Seconds(), "store_seconds": res.Store.Seconds(), "gpu_resume_seconds": res.GPUResume.Seconds(),
+					"pause_seconds": res.Pause.Seconds(),
 					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM,
 				})
 			}
-			fmt.Fprintf(e.stderr, "checkpointed PID %d (job %s): %s of images stored as %s (%.3f); dump %s, store %s, total %s\n",
+			pause := ""
+			if res.Pause > 0 {
+				pause = fmt.Sprintf(", job paused %s", res.Pause.Round(time.Millisecond))
+			}
+			fmt.Fprintf(e.stderr, "checkpointed PID %d (job %s): %s of images stored as %s (%.3f); dump %s, store %s, total %s%s\n",
 				c.Int("pid"), rec.Job, humanBytes(rec.Bytes), humanBytes(rec.StoredBytes), ratio(rec.StoredBytes, rec.Bytes),
-				res.Dump.Round(time.Millisecond), res.Store.Round(time.Millisecond), res.Total.Round(time.Millisecond))
+				res.Dump.Round(time.Millisecond), res.Store.Round(time.Millisecond), res.Total.Round(time.Millisecond), pause)
 			fmt.Fprintln(e.stdout, rec.ID)
 			return nil
 		},
@@ -83,6 +91,8 @@ func (e *env) restoreCommand() *ucli.Command {
 		ArgsUsage: "ID | --job J --latest",
 		Flags: append(selectorFlags(),
 			&ucli.DurationFlag{Name: "pid-wait", Value: 5 * time.Second, Usage: "how long to wait for the checkpoint's PIDs to become free"},
+			&ucli.StringFlag{Name: "gpu-map", Usage: "OLD-UUID=NEW-UUID,...: restore GPU state onto other GPUs (default: the same GPUs, or the same index when they are not here)"},
+			&ucli.BoolFlag{Name: "force", Usage: "restore even if the driver version or GPU models differ"},
 			&ucli.BoolFlag{Name: "json", Usage: "print the PID and timings as JSON"},
 		),
 		Action: func(c *ucli.Context) error {
@@ -94,13 +104,18 @@ func (e *env) restoreCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
-			res, err := restore.Run(c.Context, s, rec.ID, restore.Options{PIDWait: c.Duration("pid-wait"), Read: catalog.ReadOptions{}})
+			gpuMap, err := restore.ParseGPUMap(c.String("gpu-map"))
+			if err != nil {
+				return usagef(err.Error())
+			}
+			res, err := restore.Run(c.Context, s, rec.ID, restore.Options{PIDWait: c.Duration("pid-wait"), Read: catalog.ReadOptions{}, GPUMap: gpuMap, Force: c.Bool("force")})
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
 				return printJSON(e.stdout, map[string]any{
 					"id": rec.ID, "pid": res.PID, "unpack_seconds": res.Unpack.Seconds(), "criu_seconds": res.CRIU.Seconds(),
+					"gpu_seconds": res.GPU.Seconds(), "gpu_remapped": len(res.GPUPairs) > 0,
 					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM,
 				})
 			}

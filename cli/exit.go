@@ -8,6 +8,7 @@ import (
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/checkpoint"
 	"github.com/stasis-ckpt/stasis/criu"
+	"github.com/stasis-ckpt/stasis/cuda"
 	"github.com/stasis-ckpt/stasis/fileset"
 	"github.com/stasis-ckpt/stasis/gdswriter"
 	"github.com/stasis-ckpt/stasis/restore"
@@ -26,6 +27,8 @@ const (
 	ExitNoSpace     = 7   // the store's file system is full; the partial checkpoint was removed
 	ExitMissingTool = 8   // CRIU is missing or too old
 	ExitPIDInUse    = 9   // a PID the restored tree needs is taken
+	ExitGPUTimeout  = 10  // the GPU lock timed out; the checkpoint was rolled back and the job runs on
+	ExitMismatch    = 11  // this machine's driver or GPUs do not match the checkpoint
 	ExitInterrupted = 130 // stopped by SIGINT or SIGTERM; the partial checkpoint was removed
 )
 
@@ -46,7 +49,11 @@ func exitCode(err error) int {
 		return ExitUsage
 	case errors.Is(err, context.Canceled):
 		return ExitInterrupted
-	case errors.Is(err, criu.ErrNotInstalled), errors.Is(err, criu.ErrTooOld):
+	case cuda.TimedOut(err):
+		return ExitGPUTimeout
+	case errors.Is(err, restore.ErrIncompatible):
+		return ExitMismatch
+	case errors.Is(err, criu.ErrNotInstalled), errors.Is(err, criu.ErrTooOld), errors.Is(err, cuda.ErrUnavailable):
 		return ExitMissingTool
 	case errors.Is(err, restore.ErrPIDInUse):
 		return ExitPIDInUse

@@ -398,3 +398,37 @@ func TestCRIUFailureKeepsJobRunning(t *testing.T) {
 		t.Fatalf("a failed checkpoint left %v", staged)
 	}
 }
+
+// TestCheckpointFast: the job is paused only for the dump into RAM and
+// keeps running; the checkpoint is listed once stored, verifies, and
+// restores to where it was taken.
+func TestCheckpointFast(t *testing.T) {
+	requireCRIU(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := startDetached(t, "testdata/counter.sh", out)
+	waitCounting(t, out, 5)
+	r := mustRun(t, home, "checkpoint", "--pid", strconv.Itoa(pid), "--fast", "--json")
+	var res struct {
+		Record struct {
+			ID string `json:"id"`
+		} `json:"record"`
+		Pause float64 `json:"pause_seconds"`
+		Total float64 `json:"total_seconds"`
+	}
+	if err := jsonUnmarshal(r.stdout, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Pause <= 0 || res.Pause > res.Total {
+		t.Errorf("pause %v s of a total %v s", res.Pause, res.Total)
+	}
+	if !alive(pid) {
+		t.Fatal("--fast: the job is gone")
+	}
+	consecutive(t, waitCounting(t, out, len(counts(t, out))+5))
+	mustRun(t, home, "verify", res.Record.ID)
+	killTree(pid)
+	waitGone(t, pid)
+	restorePID(t, home, res.Record.ID)
+	waitCounting(t, out, len(counts(t, out))+5)
+}

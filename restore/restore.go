@@ -17,6 +17,7 @@ import (
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/checkpoint"
 	"github.com/stasis-ckpt/stasis/criu"
+	"github.com/stasis-ckpt/stasis/cuda"
 	"github.com/stasis-ckpt/stasis/fileset"
 )
 
@@ -30,14 +31,23 @@ type Options struct {
 	// just-killed process stays a zombie until its parent reaps it).
 	PIDWait time.Duration
 	Read    catalog.ReadOptions
+	// GPUMap maps GPU UUIDs of the checkpoint to GPUs of this machine
+	// (ParseGPUMap); by default the same GPUs, or the same index when they
+	// are not here.
+	GPUMap map[string]string
+	// Force restores even when the driver version or GPU models differ.
+	Force bool
 }
 
 // Result reports a restore.
 type Result struct {
-	PID                 int
-	Manifest            *catalog.Manifest
-	Unpack, CRIU, Total time.Duration
-	ImagesInRAM         bool
+	PID      int
+	Manifest *catalog.Manifest
+	// Unpack is reading and verifying the images; CRIU its restore; GPU
+	// the CUDA restore and unlock.
+	Unpack, CRIU, GPU, Total time.Duration
+	ImagesInRAM              bool
+	GPUPairs                 []cuda.GPUPair // the GPU remapping used, if any
 }
 
 // Run restores the process checkpoint id.
@@ -61,6 +71,16 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 	co := o.CRIU
 	co.Path = criuPath
 	co.ShellJob, co.TCPEstablished, co.ExtUnixSockets, co.FileLocks = meta.ShellJob, meta.TCPEstablished, meta.ExtUnixSockets, meta.FileLocks
+	var drv *cuda.Driver
+	var pairs []cuda.GPUPair
+	if meta.GPU != nil {
+		if drv, err = cuda.Load(); err != nil {
+			return nil, fmt.Errorf("checkpoint %s holds GPU state: %w", id, err)
+		}
+		if pairs, err = gpuPlan(meta.GPU, drv, o.GPUMap, o.Force); err != nil {
+			return nil, err
+		}
+	}
 	if err := waitForPIDs(ctx, meta, o.PIDWait); err != nil {
 		return nil, err
 	}
@@ -90,10 +110,16 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 		criu.KeepLog(err, s.KeepLog)
 		return nil, err
 	}
-	return &Result{
-		PID: pid, Manifest: m, ImagesInRAM: scratch.InRAM(),
-		Unpack: unpacked.Sub(start), CRIU: time.Since(unpacked), Total: time.Since(start),
-	}, nil
+	res := &Result{PID: pid, Manifest: m, ImagesInRAM: scratch.InRAM(), Unpack: unpacked.Sub(start), CRIU: time.Since(unpacked), GPUPairs: pairs}
+	if meta.GPU != nil {
+		t := time.Now()
+		if err := resumeGPU(drv, meta.GPU.PIDs, pairs); err != nil {
+			return nil, err
+		}
+		res.GPU = time.Since(t)
+	}
+	res.Total = time.Since(start)
+	return res, nil
 }
 
 // waitForPIDs waits up to wait for every thread ID of the tree to be free.

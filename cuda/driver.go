@@ -1,0 +1,372 @@
+package cuda
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+
+// The argument structs of the checkpoint API, as the CUDA 13 headers lay
+// them out: each 64 bytes, reserved fields zeroed.
+typedef struct { unsigned int timeoutMs; unsigned int reserved0; uint64_t reserved1[7]; } stasisLockArgs;
+typedef struct { uint64_t reserved[8]; } stasisPlainArgs;
+typedef struct { unsigned char bytes[16]; } stasisUUID;
+typedef struct { stasisUUID oldUuid; stasisUUID newUuid; } stasisGpuPair;
+typedef struct { stasisGpuPair *gpuPairs; unsigned int gpuPairsCount; char reserved[52 - sizeof(stasisGpuPair *)]; uint64_t reserved1; } stasisRestoreArgs;
+
+typedef CUresult (*fnInit)(unsigned int);
+typedef CUresult (*fnDriverGetVersion)(int *);
+typedef CUresult (*fnDeviceGetCount)(int *);
+typedef CUresult (*fnDeviceGet)(int *, int);
+typedef CUresult (*fnDeviceGetName)(char *, int, int);
+typedef CUresult (*fnDeviceGetUuid)(stasisUUID *, int);
+typedef CUresult (*fnGetErrorName)(CUresult, const char **);
+typedef CUresult (*fnGetState)(int, int *);
+typedef CUresult (*fnLock)(int, stasisLockArgs *);
+typedef CUresult (*fnPlain)(int, stasisPlainArgs *);
+typedef CUresult (*fnRestore)(int, stasisRestoreArgs *);
+typedef CUresult (*fnGetRestoreThreadId)(int, int *);
+
+typedef struct {
+	void *handle;
+	fnInit init;
+	fnDriverGetVersion driverGetVersion;
+	fnDeviceGetCount deviceGetCount;
+	fnDeviceGet deviceGet;
+	fnDeviceGetName deviceGetName;
+	fnDeviceGetUuid deviceGetUuid;
+	fnGetErrorName getErrorName;
+	fnGetState getState;
+	fnLock lock;
+	fnPlain checkpoint;
+	fnRestore restore;
+	fnPlain unlock;
+	fnGetRestoreThreadId getRestoreThreadId;
+} stasisDriver;
+
+static void *stasis_sym(void *h, const char *name) { return dlsym(h, name); }
+
+static const char *stasis_open(const char *path, stasisDriver *d) {
+	memset(d, 0, sizeof(*d));
+	d->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!d->handle) return dlerror();
+	d->init = (fnInit)stasis_sym(d->handle, "cuInit");
+	d->driverGetVersion = (fnDriverGetVersion)stasis_sym(d->handle, "cuDriverGetVersion");
+	d->deviceGetCount = (fnDeviceGetCount)stasis_sym(d->handle, "cuDeviceGetCount");
+	d->deviceGet = (fnDeviceGet)stasis_sym(d->handle, "cuDeviceGet");
+	d->deviceGetName = (fnDeviceGetName)stasis_sym(d->handle, "cuDeviceGetName");
+	d->deviceGetUuid = (fnDeviceGetUuid)stasis_sym(d->handle, "cuDeviceGetUuid_v2");
+	if (!d->deviceGetUuid) d->deviceGetUuid = (fnDeviceGetUuid)stasis_sym(d->handle, "cuDeviceGetUuid");
+	d->getErrorName = (fnGetErrorName)stasis_sym(d->handle, "cuGetErrorName");
+	d->getState = (fnGetState)stasis_sym(d->handle, "cuCheckpointProcessGetState");
+	d->lock = (fnLock)stasis_sym(d->handle, "cuCheckpointProcessLock");
+	d->checkpoint = (fnPlain)stasis_sym(d->handle, "cuCheckpointProcessCheckpoint");
+	d->restore = (fnRestore)stasis_sym(d->handle, "cuCheckpointProcessRestore");
+	d->unlock = (fnPlain)stasis_sym(d->handle, "cuCheckpointProcessUnlock");
+	d->getRestoreThreadId = (fnGetRestoreThreadId)stasis_sym(d->handle, "cuCheckpointProcessGetRestoreThreadId");
+	return NULL;
+}
+
+static CUresult stasis_init(stasisDriver *d) { return d->init(0); }
+static CUresult stasis_driver_version(stasisDriver *d, int *v) { return d->driverGetVersion(v); }
+static CUresult stasis_device_count(stasisDriver *d, int *n) { return d->deviceGetCount(n); }
+static CUresult stasis_device(stasisDriver *d, int ordinal, char *name, int len, stasisUUID *uuid) {
+	int dev;
+	CUresult r = d->deviceGet(&dev, ordinal);
+	if (r) return r;
+	r = d->deviceGetName(name, len, dev);
+	if (r) return r;
+	return d->deviceGetUuid(uuid, dev);
+}
+static const char *stasis_error_name(stasisDriver *d, CUresult r) {
+	const char *s = NULL;
+	if (d->getErrorName && d->getErrorName(r, &s) == 0) return s;
+	return NULL;
+}
+static CUresult stasis_get_state(stasisDriver *d, int pid, int *state) { return d->getState(pid, state); }
+static CUresult stasis_lock(stasisDriver *d, int pid, unsigned int timeoutMs) {
+	stasisLockArgs a;
+	memset(&a, 0, sizeof(a));
+	a.timeoutMs = timeoutMs;
+	return d->lock(pid, &a);
+}
+static CUresult stasis_checkpoint(stasisDriver *d, int pid) {
+	stasisPlainArgs a;
+	memset(&a, 0, sizeof(a));
+	return d->checkpoint(pid, &a);
+}
+static CUresult stasis_restore(stasisDriver *d, int pid, stasisGpuPair *pairs, unsigned int n) {
+	stasisRestoreArgs a;
+	memset(&a, 0, sizeof(a));
+	a.gpuPairs = pairs;
+	a.gpuPairsCount = n;
+	return d->restore(pid, n ? &a : NULL);
+}
+static CUresult stasis_unlock(stasisDriver *d, int pid) {
+	stasisPlainArgs a;
+	memset(&a, 0, sizeof(a));
+	return d->unlock(pid, &a);
+}
+static CUresult stasis_restore_thread(stasisDriver *d, int pid, int *tid) { return d->getRestoreThreadId(pid, tid); }
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// ErrUnavailable is wrapped by every error that means the machine cannot do
+// GPU checkpoints: no libcuda, or one without the checkpoint API.
+var ErrUnavailable = errors.New("CUDA checkpointing is unavailable")
+
+// Error is a failed driver call.
+type Error struct {
+	Call string // "cuCheckpointProcessLock", ...
+	PID  int    // 0 when the call names no process
+	Code int    // the CUresult
+	Name string // e.g. CUDA_ERROR_NOT_READY
+}
+
+func (e *Error) Error() string {
+	name := e.Name
+	if name == "" {
+		name = fmt.Sprintf("CUresult %d", e.Code)
+	}
+	if e.PID != 0 {
+		return fmt.Sprintf("%s(pid %d): %s", e.Call, e.PID, name)
+	}
+	return fmt.Sprintf("%s: %s", e.Call, name)
+}
+
+// CUresult codes stasis reacts to.
+const (
+	codeNotReady = 600 // CUDA_ERROR_NOT_READY: a lock timed out
+)
+
+// TimedOut reports whether err is a lock that timed out.
+func TimedOut(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == codeNotReady
+}
+
+// State is a process's checkpoint state (CUprocessState).
+type State int
+
+const (
+	Running      State = 0
+	Locked       State = 1
+	Checkpointed State = 2
+	Failed       State = 3
+)
+
+func (s State) String() string {
+	switch s {
+	case Running:
+		return "running"
+	case Locked:
+		return "locked"
+	case Checkpointed:
+		return "checkpointed"
+	case Failed:
+		return "failed"
+	}
+	return fmt.Sprintf("state %d", int(s))
+}
+
+// Driver is an opened libcuda with the checkpoint API.
+type Driver struct {
+	d    C.stasisDriver
+	Path string
+}
+
+var (
+	loadOnce sync.Once
+	loaded   *Driver
+	loadErr  error
+)
+
+// LibraryPath is the library Load opens: $STASIS_LIBCUDA, else libcuda.so.1
+// as the dynamic loader finds it.
+func LibraryPath() string {
+	if p := os.Getenv("STASIS_LIBCUDA"); p != "" {
+		return p
+	}
+	return "libcuda.so.1"
+}
+
+// Load opens libcuda once per process, checks that it has the checkpoint
+// API, and initialises the driver.
+func Load() (*Driver, error) {
+	loadOnce.Do(func() { loaded, loadErr = load(LibraryPath()) })
+	return loaded, loadErr
+}
+
+func load(path string) (*Driver, error) {
+	d := &Driver{Path: path}
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	if msg := C.stasis_open(cpath, &d.d); msg != nil {
+		return nil, fmt.Errorf("%w: %s (no NVIDIA driver here?)", ErrUnavailable, C.GoString(msg))
+	}
+	var missing []string
+	for name, p := range map[string]unsafe.Pointer{
+		"cuInit": unsafe.Pointer(d.d.init), "cuDriverGetVersion": unsafe.Pointer(d.d.driverGetVersion),
+		"cuDeviceGetCount": unsafe.Pointer(d.d.deviceGetCount), "cuDeviceGet": unsafe.Pointer(d.d.deviceGet),
+		"cuDeviceGetName": unsafe.Pointer(d.d.deviceGetName), "cuDeviceGetUuid": unsafe.Pointer(d.d.deviceGetUuid),
+		"cuCheckpointProcessGetState": unsafe.Pointer(d.d.getState), "cuCheckpointProcessLock": unsafe.Pointer(d.d.lock),
+		"cuCheckpointProcessCheckpoint": unsafe.Pointer(d.d.checkpoint), "cuCheckpointProcessRestore": unsafe.Pointer(d.d.restore),
+		"cuCheckpointProcessUnlock": unsafe.Pointer(d.d.unlock), "cuCheckpointProcessGetRestoreThreadId": unsafe.Pointer(d.d.getRestoreThreadId),
+	} {
+		if p == nil {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%w: %s lacks %s (the checkpoint API needs driver 570 or later)", ErrUnavailable, path, strings.Join(missing, ", "))
+	}
+	if err := d.check("cuInit", 0, C.stasis_init(&d.d)); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return d, nil
+}
+
+func (d *Driver) check(call string, pid int, r C.CUresult) error {
+	if r == 0 {
+		return nil
+	}
+	e := &Error{Call: call, PID: pid, Code: int(r)}
+	if name := C.stasis_error_name(&d.d, r); name != nil {
+		e.Name = C.GoString(name)
+	}
+	return e
+}
+
+// DriverVersion is the CUDA version the driver supports (13000 for 13.0).
+func (d *Driver) DriverVersion() (int, error) {
+	var v C.int
+	err := d.check("cuDriverGetVersion", 0, C.stasis_driver_version(&d.d, &v))
+	return int(v), err
+}
+
+// Device is one GPU as the driver lists it.
+type Device struct {
+	Index int    `json:"index"`
+	Name  string `json:"name"`
+	UUID  string `json:"uuid"` // GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi writes it
+}
+
+// Devices lists the GPUs this process can see.
+func (d *Driver) Devices() ([]Device, error) {
+	var n C.int
+	if err := d.check("cuDeviceGetCount", 0, C.stasis_device_count(&d.d, &n)); err != nil {
+		return nil, err
+	}
+	devs := make([]Device, 0, int(n))
+	for i := 0; i < int(n); i++ {
+		var name [256]C.char
+		var uuid C.stasisUUID
+		if err := d.check("cuDeviceGet", 0, C.stasis_device(&d.d, C.int(i), &name[0], 256, &uuid)); err != nil {
+			return nil, err
+		}
+		var raw [16]byte
+		for j := range raw {
+			raw[j] = byte(uuid.bytes[j])
+		}
+		devs = append(devs, Device{Index: i, Name: C.GoString(&name[0]), UUID: FormatUUID(raw)})
+	}
+	return devs, nil
+}
+
+// FormatUUID writes a GPU UUID as nvidia-smi does.
+func FormatUUID(b [16]byte) string {
+	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// ParseUUID reads a GPU UUID written by FormatUUID (the "GPU-" prefix is
+// optional).
+func ParseUUID(s string) ([16]byte, error) {
+	var b [16]byte
+	hex := strings.ReplaceAll(strings.TrimPrefix(s, "GPU-"), "-", "")
+	if len(hex) != 32 {
+		return b, fmt.Errorf("%q is not a GPU UUID", s)
+	}
+	for i := range b {
+		if _, err := fmt.Sscanf(hex[2*i:2*i+2], "%02x", &b[i]); err != nil {
+			return b, fmt.Errorf("%q is not a GPU UUID", s)
+		}
+	}
+	return b, nil
+}
+
+// ProcessState returns the checkpoint state of a CUDA process.
+func (d *Driver) ProcessState(pid int) (State, error) {
+	var s C.int
+	err := d.check("cuCheckpointProcessGetState", pid, C.stasis_get_state(&d.d, C.int(pid), &s))
+	return State(s), err
+}
+
+// Lock blocks further CUDA calls of pid and waits, up to timeout, for the
+// work it already submitted to finish.
+func (d *Driver) Lock(pid int, timeout time.Duration) error {
+	ms := timeout.Milliseconds()
+	if ms <= 0 {
+		ms = 1
+	}
+	return d.check("cuCheckpointProcessLock", pid, C.stasis_lock(&d.d, C.int(pid), C.uint(ms)))
+}
+
+// Checkpoint moves a locked process's GPU memory into its host memory and
+// releases its GPU resources.
+func (d *Driver) Checkpoint(pid int) error {
+	return d.check("cuCheckpointProcessCheckpoint", pid, C.stasis_checkpoint(&d.d, C.int(pid)))
+}
+
+// GPUPair maps a GPU of the checkpoint to a GPU of this machine.
+type GPUPair struct{ Old, New [16]byte }
+
+// Restore brings a checkpointed process's GPU state back, onto the GPUs
+// pairs name (none: the same GPUs); the process stays locked.
+func (d *Driver) Restore(pid int, pairs []GPUPair) error {
+	var cpairs *C.stasisGpuPair
+	if len(pairs) > 0 {
+		mem := C.malloc(C.size_t(len(pairs)) * C.size_t(unsafe.Sizeof(C.stasisGpuPair{})))
+		defer C.free(mem)
+		arr := unsafe.Slice((*C.stasisGpuPair)(mem), len(pairs))
+		for i, p := range pairs {
+			for j := 0; j < 16; j++ {
+				arr[i].oldUuid.bytes[j] = C.uchar(p.Old[j])
+				arr[i].newUuid.bytes[j] = C.uchar(p.New[j])
+			}
+		}
+		cpairs = &arr[0]
+	}
+	return d.check("cuCheckpointProcessRestore", pid, C.stasis_restore(&d.d, C.int(pid), cpairs, C.uint(len(pairs))))
+}
+
+// Unlock lets a locked process make CUDA calls again.
+func (d *Driver) Unlock(pid int) error {
+	return d.check("cuCheckpointProcessUnlock", pid, C.stasis_unlock(&d.d, C.int(pid)))
+}
+
+// RestoreThreadID is the thread the driver uses inside pid for restores.
+func (d *Driver) RestoreThreadID(pid int) (int, error) {
+	var tid C.int
+	err := d.check("cuCheckpointProcessGetRestoreThreadId", pid, C.stasis_restore_thread(&d.d, C.int(pid), &tid))
+	return int(tid), err
+}
+
+// UsesCUDA reports whether pid has libcuda mapped: the processes of a tree
+// that the checkpoint API must handle.
+func UsesCUDA(pid int) bool {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	return err == nil && strings.Contains(string(maps), "libcuda.so")
+}

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# GPU end-to-end checks of stasis, for a machine with an NVIDIA GPU, the
+# driver's checkpoint API, PyTorch and CRIU (root). Each scenario prints
+# PASS or FAIL with what it saw; the script exits non-zero if any failed.
+#
+#   scripts/gpu-e2e.sh [-g GIB] [-d DIR]
+#
+# A PyTorch process (cli/testdata/gpu_workload.py) holds GIB GiB of GPU
+# memory with a known pattern and logs every 0.2 s whether it is intact.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+gib=8
+dir=/var/tmp/stasis-gpu-e2e
+while getopts "g:d:" opt; do
+	case $opt in
+	g) gib=$OPTARG ;;
+	d) dir=$OPTARG ;;
+	*) echo "usage: $0 [-g GIB] [-d DIR]" >&2; exit 2 ;;
+	esac
+done
+stasis=$PWD/bin/stasis
+export STASIS_HOME=$dir/store
+rm -rf "$dir"; mkdir -p "$dir"
+failures=0
+
+pass() { echo "PASS $1: $2"; }
+fail() { echo "FAIL $1: $2"; failures=$((failures + 1)); }
+lines() { wc -l <"$1" 2>/dev/null || echo 0; }
+# healthy LOG: the workload logs new steps, all ok.
+healthy() {
+	local n; n=$(lines "$1")
+	for _ in $(seq 150); do
+		[ "$(lines "$1")" -gt "$((n + 2))" ] && break
+		sleep 0.2
+	done
+	[ "$(lines "$1")" -gt "$((n + 2))" ] && ! grep -q "ok=False" "$1"
+}
+start() { # start LOG [busy]: prints the PID once the workload is checking
+	local pid
+	pid=$(sh -c "setsid python3 cli/testdata/gpu_workload.py '$1' $gib ${2:-} </dev/null >>'$1.err' 2>&1 & echo \$!")
+	for _ in $(seq 600); do [ -s "$1" ] && break; sleep 0.2; done
+	echo "$pid"
+}
+gone() { for _ in $(seq 300); do [ -d /proc/$1 ] || return 0; sleep 0.1; done; return 1; }
+stop() { kill -9 "$1" 2>/dev/null; gone "$1"; }
+
+echo "== $(nvidia-smi -L | head -1); $gib GiB of GPU memory per workload"
+
+# 1. Checkpoint with --leave-running: the job goes on with correct data.
+log=$dir/leave.log; pid=$(start "$log")
+out=$("$stasis" checkpoint --pid "$pid" --leave-running --json 2>&1)
+if [ $? -eq 0 ] && healthy "$log"; then
+	pass leave-running "$(echo "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("pause %.2f s (lock %.3f, cuda checkpoint %.2f, dump %.2f, store %.2f, cuda resume %.2f), stored %.2f GB of %.2f GB" % (j["pause_seconds"], j["gpu_lock_seconds"], j["gpu_checkpoint_seconds"], j["dump_seconds"], j["store_seconds"], j["gpu_resume_seconds"], j["record"]["stored_bytes"]/1e9, j["record"]["bytes"]/1e9))')"
+else
+	fail leave-running "$out; $(tail -2 "$log")"
+fi
+echo "   state after: $("$stasis" cuda state --pid "$pid" 2>&1)"
+
+# 2. Checkpoint (the job ends), restore: the job goes on from there, data intact.
+out=$("$stasis" checkpoint --pid "$pid" --job e2e --json 2>&1); rc=$?
+id=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["record"]["id"])' 2>/dev/null)
+if [ $rc -eq 0 ] && gone "$pid"; then
+	steps_at_dump=$(lines "$log")
+	rout=$("$stasis" restore "$id" --json 2>&1); rc=$?
+	if [ $rc -eq 0 ] && healthy "$log" && [ "$(lines "$log")" -gt "$steps_at_dump" ]; then
+		pass checkpoint-restore "$(echo "$rout" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("restored PID %d: unpack %.2f s, criu %.2f s, cuda restore+unlock %.2f s" % (j["pid"], j["unpack_seconds"], j["criu_seconds"], j["gpu_seconds"]))'); $(tail -1 "$log")"
+	else
+		fail checkpoint-restore "restore: $rout; $(tail -2 "$log")"
+	fi
+else
+	fail checkpoint-restore "checkpoint: rc=$rc $out"
+fi
+stop "$pid"
+
+# 2b. --fast: the job goes on, the checkpoint is durable afterwards and
+#     restores with correct data.
+log=$dir/fast.log; pid=$(start "$log")
+out=$("$stasis" checkpoint --pid "$pid" --fast --job fast --json 2>&1); rc=$?
+id=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["record"]["id"])' 2>/dev/null)
+if [ $rc -eq 0 ] && healthy "$log" && "$stasis" verify "$id" >/dev/null; then
+	stop "$pid"
+	if "$stasis" restore "$id" >/dev/null && healthy "$log"; then
+		pass fast "$(echo "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("pause %.2f s, then stored in %.2f s" % (j["pause_seconds"], j["store_seconds"]))'); restored: $(tail -1 "$log")"
+	else
+		fail fast "restore failed; $(tail -2 "$log")"
+	fi
+else
+	fail fast "rc=$rc $out; $(tail -2 "$log")"
+fi
+stop "$pid"
+
+# 3. A lock timeout against a long-running kernel rolls back cleanly.
+log=$dir/busy.log; pid=$(start "$log" busy)
+sleep 1
+out=$("$stasis" checkpoint --pid "$pid" --gpu-lock-timeout 500ms 2>&1); rc=$?
+state=$("$stasis" cuda state --pid "$pid" 2>&1)
+if [ $rc -eq 10 ] && [[ "$state" == running* ]] && healthy "$log"; then
+	pass lock-timeout "exit 10, state $state; $out"
+else
+	fail lock-timeout "rc=$rc state=$state: $out; $(tail -2 "$log")"
+fi
+stop "$pid"
+
+# 4. stasis killed with SIGKILL between the lock and the dump leaves a job
+#    that `stasis recover` brings back.
+log=$dir/kill.log; pid=$(start "$log")
+"$stasis" checkpoint --pid "$pid" --job killed >/dev/null 2>&1 & spid=$!
+for _ in $(seq 200); do
+	st=$("$stasis" cuda state --pid "$pid" 2>/dev/null)
+	[[ "$st" == locked* || "$st" == checkpointed* ]] && break
+	sleep 0.02
+done
+kill -9 "$spid"; wait "$spid" 2>/dev/null
+before=$("$stasis" cuda state --pid "$pid" 2>&1)
+rec=$("$stasis" recover --pid "$pid" 2>&1); rc=$?
+if [ $rc -eq 0 ] && healthy "$log"; then
+	pass kill-then-recover "state after the kill: $before; recover: $rec"
+else
+	fail kill-then-recover "state after the kill: $before; recover rc=$rc: $rec; $(tail -2 "$log")"
+fi
+"$stasis" gc >/dev/null
+stop "$pid"
+
+echo "== $failures failed"
+exit $((failures > 0))
