@@ -136,18 +136,23 @@ const (
 	keepLogs = 20
 )
 
+// LogPath is where a log named name goes in the store's logs/ (which it
+// creates), with the time in front of its name.
+func (s *Store) LogPath(name string) string {
+	dir := s.path(logsDir)
+	os.MkdirAll(dir, 0o700)
+	return filepath.Join(dir, time.Now().UTC().Format("20060102T150405.000000000Z")+"-"+filepath.Base(name))
+}
+
 // KeepLog copies a log of a failed operation into the store's logs/ as
 // name, keeps the newest keepLogs there, and returns the copy's path.
 func (s *Store) KeepLog(src, name string) (string, error) {
-	dir := s.path(logsDir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", err
-	}
 	data, err := os.ReadFile(src)
 	if err != nil {
 		return "", err
 	}
-	dst := filepath.Join(dir, time.Now().UTC().Format("20060102T150405.000000000Z")+"-"+filepath.Base(name))
+	dst := s.LogPath(name)
+	dir := filepath.Dir(dst)
 	if err := os.WriteFile(dst, data, 0o600); err != nil {
 		return "", err
 	}

@@ -213,11 +213,17 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	}
 	pauseStart := time.Now()
 	if gpu != nil {
+		// If stasis dies from here on, the watchdog resumes the job.
+		dog, err := startWatchdog(gpu.pids, s.LogPath("watchdog.log"))
+		if err != nil {
+			return nil, err
+		}
+		defer dog.release()
 		timeout := o.LockTimeout
 		if timeout <= 0 {
 			timeout = DefaultLockTimeout
 		}
-		err := gpu.lockAndCheckpoint(timeout)
+		err = gpu.lockAndCheckpoint(timeout)
 		res.GPULock, res.GPUCheckpoint = gpu.lockTime, gpu.checkpointTime
 		if err != nil {
 			packer.Abort()

@@ -60,25 +60,12 @@ func gpuPlan(meta *checkpoint.GPUMeta, drv *cuda.Driver, gpuMap map[string]strin
 			allHere = false
 		}
 	}
-	if allHere && len(gpuMap) == 0 {
-		return nil, nil
-	}
 	var pairs []cuda.GPUPair
+	remapped := false
 	for _, old := range meta.Devices {
-		var target cuda.Device
-		if nu, ok := gpuMap[strings.ToLower(old.UUID)]; ok {
-			d, found := byUUID[nu]
-			if !found {
-				return nil, fmt.Errorf("%w: --gpu-map names %s, which is not a GPU of this machine", ErrIncompatible, nu)
-			}
-			target = d
-		} else if d, ok := byUUID[strings.ToLower(old.UUID)]; ok && len(gpuMap) > 0 {
-			target = d
-		} else {
-			if old.Index >= len(here) {
-				return nil, fmt.Errorf("%w: the checkpoint used GPU %d (%s), this machine has %d GPUs (give --gpu-map)", ErrIncompatible, old.Index, old.UUID, len(here))
-			}
-			target = here[old.Index]
+		target, err := gpuTarget(old, here, byUUID, gpuMap, allHere)
+		if err != nil {
+			return nil, err
 		}
 		if target.Name != old.Name && !force {
 			return nil, fmt.Errorf("%w: GPU %s was a %s, %s is a %s (--force to try anyway)", ErrIncompatible, old.UUID, old.Name, target.UUID, target.Name)
@@ -88,9 +75,34 @@ func gpuPlan(meta *checkpoint.GPUMeta, drv *cuda.Driver, gpuMap map[string]strin
 		if err1 != nil || err2 != nil {
 			return nil, fmt.Errorf("%w: unreadable GPU UUIDs %s, %s", ErrIncompatible, old.UUID, target.UUID)
 		}
+		remapped = remapped || o != n
 		pairs = append(pairs, cuda.GPUPair{Old: o, New: n})
 	}
+	if !remapped {
+		return nil, nil // the same GPUs: no pairs
+	}
 	return pairs, nil
+}
+
+// gpuTarget picks the GPU of this machine that takes over old: the one
+// --gpu-map names, else the same GPU when every GPU of the checkpoint is
+// here (or --gpu-map is given and leaves it out), else the GPU of the same
+// index.
+func gpuTarget(old cuda.Device, here []cuda.Device, byUUID map[string]cuda.Device, gpuMap map[string]string, allHere bool) (cuda.Device, error) {
+	if nu, ok := gpuMap[strings.ToLower(old.UUID)]; ok {
+		d, found := byUUID[nu]
+		if !found {
+			return d, fmt.Errorf("%w: --gpu-map names %s, which is not a GPU of this machine", ErrIncompatible, nu)
+		}
+		return d, nil
+	}
+	if d, ok := byUUID[strings.ToLower(old.UUID)]; ok && (allHere || len(gpuMap) > 0) {
+		return d, nil
+	}
+	if old.Index >= len(here) {
+		return cuda.Device{}, fmt.Errorf("%w: the checkpoint used GPU %d (%s), this machine has %d GPUs (give --gpu-map)", ErrIncompatible, old.Index, old.UUID, len(here))
+	}
+	return here[old.Index], nil
 }
 
 func cudaVersion(v int) string { return fmt.Sprintf("%d.%d", v/1000, v%1000/10) }

@@ -1,0 +1,112 @@
+package checkpoint
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/stasis-ckpt/stasis/cuda"
+)
+
+// WatchdogArg, as the first argument of the stasis binary, runs the
+// watchdog (RunWatchdog) instead of the CLI.
+const WatchdogArg = "__stasis_watchdog"
+
+// watchdogDone is what the orchestrator writes when the job no longer
+// needs a rescue.
+const watchdogDone = "done\n"
+
+// watchdog is the orchestrator's end of a running watchdog.
+type watchdog struct {
+	pipe *os.File
+	cmd  *exec.Cmd
+}
+
+// startWatchdog starts a detached copy of this binary that rescues pids
+// (restores and unlocks them) if this process dies before release. Its
+// report goes to logPath.
+func startWatchdog(pids []int, logPath string) (*watchdog, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{WatchdogArg, logPath}
+	for _, p := range pids {
+		args = append(args, strconv.Itoa(p))
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.ExtraFiles = []*os.File{r} // fd 3
+	// Its own session: a signal to stasis's process group spares it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		w.Close()
+		return nil, fmt.Errorf("start the watchdog: %w", err)
+	}
+	r.Close()
+	return &watchdog{pipe: w, cmd: cmd}, nil
+}
+
+// release tells the watchdog the job needs no rescue and reaps it.
+func (w *watchdog) release() {
+	if w == nil {
+		return
+	}
+	w.pipe.WriteString(watchdogDone)
+	w.pipe.Close()
+	w.cmd.Wait()
+}
+
+// RunWatchdog is the watchdog process: args are the log path and the PIDs.
+// It waits for the orchestrator on fd 3; if the pipe ends without
+// "done", the orchestrator died mid-checkpoint, and the watchdog waits for
+// CRIU to let go of the processes, then restores and unlocks their GPU
+// side. It returns the process's exit code.
+func RunWatchdog(args []string) int {
+	if len(args) < 2 {
+		return 2
+	}
+	in := os.NewFile(3, "orchestrator")
+	msg, _ := bufio.NewReader(in).ReadString('\n')
+	if msg == watchdogDone {
+		return 0
+	}
+	var pids []int
+	for _, a := range args[1:] {
+		if p, err := strconv.Atoi(a); err == nil {
+			pids = append(pids, p)
+		}
+	}
+	log, err := os.OpenFile(args[0], os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		log = nil
+	}
+	report := func(v any) {
+		if log != nil {
+			json.NewEncoder(io.Writer(log)).Encode(v)
+		}
+	}
+	drv, err := cuda.Load()
+	if err != nil {
+		report(map[string]string{"error": err.Error()})
+		return 1
+	}
+	done := Recover(drv, pids, 2*time.Minute)
+	report(map[string]any{"time": time.Now().UTC(), "orchestrator": "died mid-checkpoint", "recovered": done})
+	for _, r := range done {
+		if !r.OK {
+			return 1
+		}
+	}
+	return 0
+}

@@ -1,0 +1,294 @@
+package cli_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stasis-ckpt/stasis/cli"
+)
+
+// These tests run stasis's GPU state machine (lock, checkpoint, dump,
+// rollback, restore, recover) against real processes and real CRIU on a
+// machine without a GPU. The NVIDIA driver is replaced by a stand-in,
+// testdata/fakecuda/libcuda.c, that implements the checkpoint API's state
+// transitions, logs every call and fails on request; the processes map it
+// as CUDA programs map libcuda. The real driver is exercised on the GPU
+// machine by scripts/gpu-e2e.sh.
+
+type fakeDriver struct {
+	dir     string // state files, calls.log, fail-* switches
+	lib     string
+	counter string
+}
+
+func newFakeDriver(t *testing.T) *fakeDriver {
+	t.Helper()
+	requireCRIU(t)
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("gcc is needed to build the stand-in driver")
+	}
+	bin := t.TempDir()
+	f := &fakeDriver{dir: t.TempDir(), lib: filepath.Join(bin, "libcuda.so.1"), counter: filepath.Join(bin, "counter")}
+	for _, args := range [][]string{
+		{"-shared", "-fPIC", "-o", f.lib, "../cuda/testdata/fakecuda/libcuda.c"},
+		{"-o", f.counter, "../cuda/testdata/fakecuda/counter.c", "-ldl"},
+	} {
+		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+			t.Fatalf("gcc %v: %v\n%s", args, err, out)
+		}
+	}
+	t.Setenv("STASIS_LIBCUDA", f.lib)
+	t.Setenv("STASIS_FAKE_CUDA_DIR", f.dir)
+	return f
+}
+
+// start runs a counter that maps the stand-in driver.
+func (f *fakeDriver) start(t *testing.T, out string) int {
+	t.Helper()
+	pid := startDetached(t, f.counter, f.lib, out)
+	waitCounting(t, out, 3)
+	return pid
+}
+
+// calls returns the driver calls made so far, as "call pid result".
+func (f *fakeDriver) calls(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(f.dir, "calls.log"))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSpace(string(data)), "\n")
+}
+
+func (f *fakeDriver) wantCalls(t *testing.T, pid int, want ...string) {
+	t.Helper()
+	for i := range want {
+		want[i] = strings.Replace(want[i], " P ", fmt.Sprintf(" %d ", pid), 1)
+	}
+	got := f.calls(t)
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("driver calls:\n got  %q\n want %q", got, want)
+	}
+	os.Remove(filepath.Join(f.dir, "calls.log"))
+}
+
+func (f *fakeDriver) state(t *testing.T, pid int) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.state", pid)))
+	if os.IsNotExist(err) {
+		return "0"
+	}
+	return strings.TrimSpace(string(data))
+}
+
+func (f *fakeDriver) set(t *testing.T, name, content string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(f.dir, name), []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGPUCheckpointLeaveRunning(t *testing.T) {
+	f := newFakeDriver(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := f.start(t, out)
+	id := checkpointPID(t, home, pid, "--leave-running")
+	f.wantCalls(t, pid, "lock P 0", "checkpoint P 0", "restore P 0", "unlock P 0")
+	if s := f.state(t, pid); s != "0" {
+		t.Fatalf("GPU state %s after --leave-running, want running (0)", s)
+	}
+	consecutive(t, waitCounting(t, out, len(counts(t, out))+5))
+	var show struct {
+		Meta struct {
+			GPU struct {
+				PIDs          []int `json:"pids"`
+				DriverVersion int   `json:"driver_version"`
+				Devices       []struct {
+					Name string `json:"name"`
+					UUID string `json:"uuid"`
+				} `json:"devices"`
+			} `json:"gpu"`
+		} `json:"meta"`
+	}
+	if err := jsonUnmarshal(mustRun(t, home, "show", "--json", id).stdout, &show); err != nil {
+		t.Fatal(err)
+	}
+	g := show.Meta.GPU
+	if len(g.PIDs) != 1 || g.PIDs[0] != pid || g.DriverVersion != 13000 || len(g.Devices) != 1 ||
+		g.Devices[0].Name != "Fake GPU" || g.Devices[0].UUID != "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f" {
+		t.Fatalf("the manifest's GPU record: %+v", g)
+	}
+}
+
+func TestGPUCheckpointThenRestore(t *testing.T) {
+	f := newFakeDriver(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := f.start(t, out)
+	id := checkpointPID(t, home, pid)
+	f.wantCalls(t, pid, "lock P 0", "checkpoint P 0")
+	waitGone(t, pid)
+	atDump := len(counts(t, out))
+
+	// Another driver version: refused before CRIU runs, unless --force.
+	f.set(t, "version", "12080")
+	expectCode(t, run(t, home, "restore", id), cli.ExitMismatch, `driver for CUDA 13\.0, this one is for CUDA 12\.8`)
+	if alive(pid) {
+		t.Fatal("a refused restore ran CRIU")
+	}
+	f.set(t, "version", "13000")
+	f.set(t, "gpu-name", "Other GPU")
+	expectCode(t, run(t, home, "restore", id), cli.ExitMismatch, `was a Fake GPU, .* is a Other GPU`)
+	os.Remove(filepath.Join(f.dir, "gpu-name"))
+	f.wantCalls(t, pid)
+
+	restored := restorePID(t, home, id)
+	if restored != pid {
+		t.Fatalf("restored as %d, was %d", restored, pid)
+	}
+	f.wantCalls(t, pid, "restore P 0", "unlock P 0")
+	consecutive(t, waitCounting(t, out, atDump+5))
+}
+
+func TestGPULockTimeoutRollsBack(t *testing.T) {
+	f := newFakeDriver(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := f.start(t, out)
+	f.set(t, "fail-lock", "")
+	expectCode(t, run(t, home, "checkpoint", "--pid", strconv.Itoa(pid), "--gpu-lock-timeout", "200ms"),
+		cli.ExitGPUTimeout, `rolled back; the job runs on: GPU work of PID \d+ did not finish within the lock timeout of 200ms`)
+	f.wantCalls(t, pid, "lock P 600")
+	if s := f.state(t, pid); s != "0" || !alive(pid) {
+		t.Fatalf("after a lock timeout: GPU state %s, alive %v", s, alive(pid))
+	}
+	waitCounting(t, out, len(counts(t, out))+3)
+	if recs := list(t, home); len(recs) != 0 {
+		t.Fatalf("a rolled-back checkpoint is listed: %+v", recs)
+	}
+}
+
+func TestGPUCheckpointFailureRollsBack(t *testing.T) {
+	f := newFakeDriver(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := f.start(t, out)
+	f.set(t, "fail-checkpoint", "")
+	expectCode(t, run(t, home, "checkpoint", "--pid", strconv.Itoa(pid)), cli.ExitError, `rolled back; the job runs on: cuCheckpointProcessCheckpoint\(pid \d+\): CUDA_ERROR_UNKNOWN`)
+	// Locked but never checkpointed: unlocked, not restored.
+	f.wantCalls(t, pid, "lock P 0", "checkpoint P 999", "unlock P 0")
+	if s := f.state(t, pid); s != "0" {
+		t.Fatalf("GPU state %s after the rollback", s)
+	}
+	waitCounting(t, out, len(counts(t, out))+3)
+}
+
+// TestGPUDumpFailureRollsBack makes CRIU fail after the CUDA checkpoint:
+// CUDA restore and unlock follow, and the job runs on.
+func TestGPUDumpFailureRollsBack(t *testing.T) {
+	f := newFakeDriver(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := f.start(t, out)
+	real := os.Getenv("STASIS_CRIU")
+	broken := filepath.Join(tmp, "criu")
+	script := fmt.Sprintf("#!/bin/sh\nif [ \"$1\" = swrk ]; then echo 'simulated CRIU crash' >&2; exit 1; fi\nexec %q \"$@\"\n", real)
+	if err := os.WriteFile(broken, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("STASIS_CRIU", broken)
+	r := run(t, home, "checkpoint", "--pid", strconv.Itoa(pid))
+	expectCode(t, r, cli.ExitError, `rolled back; the job runs on: criu dump failed`)
+	f.wantCalls(t, pid, "lock P 0", "checkpoint P 0", "restore P 0", "unlock P 0")
+	waitCounting(t, out, len(counts(t, out))+3)
+	if recs := list(t, home); len(recs) != 0 {
+		t.Fatalf("a failed checkpoint is listed: %+v", recs)
+	}
+}
+
+func TestGPURecover(t *testing.T) {
+	f := newFakeDriver(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	locked := f.start(t, filepath.Join(tmp, "a"))
+	checkpointed := f.start(t, filepath.Join(tmp, "b"))
+	running := f.start(t, filepath.Join(tmp, "c"))
+	f.set(t, fmt.Sprintf("%d.state", locked), "1")
+	f.set(t, fmt.Sprintf("%d.state", checkpointed), "2")
+
+	// A new checkpoint refuses a process left in a checkpoint state.
+	expectCode(t, run(t, home, "checkpoint", "--pid", strconv.Itoa(locked)), cli.ExitUsage, `is locked on the GPU side.*stasis recover --pid`)
+
+	r := mustRun(t, home, "recover")
+	for _, want := range []string{
+		fmt.Sprintf("PID %d: locked: unlocked", locked),
+		fmt.Sprintf("PID %d: checkpointed: restored and unlocked", checkpointed),
+		fmt.Sprintf("PID %d: running: none", running),
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("recover did not report %q:\n%s", want, r.stdout)
+		}
+	}
+	for _, pid := range []int{locked, checkpointed, running} {
+		if s := f.state(t, pid); s != "0" {
+			t.Errorf("PID %d: GPU state %s after recover", pid, s)
+		}
+	}
+}
+
+func TestGPUUnavailable(t *testing.T) {
+	f := newFakeDriver(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := f.start(t, out)
+	t.Setenv("STASIS_LIBCUDA", filepath.Join(tmp, "no-libcuda.so.1"))
+	expectCode(t, run(t, home, "checkpoint", "--pid", strconv.Itoa(pid)), cli.ExitMissingTool, `PID \d+ uses CUDA: CUDA checkpointing is unavailable: .*no-libcuda\.so\.1`)
+	waitCounting(t, out, len(counts(t, out))+3)
+	expectCode(t, run(t, home, "recover"), cli.ExitMissingTool, `unavailable`)
+}
+
+// TestGPUWatchdog kills stasis with SIGKILL while the job is locked on the
+// GPU side (during a slow CUDA checkpoint): stasis's watchdog notices, and
+// the job is unlocked and runs on without anyone calling recover.
+func TestGPUWatchdog(t *testing.T) {
+	f := newFakeDriver(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := f.start(t, out)
+	f.set(t, "slow-checkpoint", "")
+	cmd := exec.Command(stasisBin, "checkpoint", "--pid", strconv.Itoa(pid))
+	cmd.Env = append(os.Environ(), "STASIS_HOME="+home)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); f.state(t, pid) != "1"; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("stasis never locked the job")
+		}
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	for deadline := time.Now().Add(10 * time.Second); f.state(t, pid) != "0"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the job is still in GPU state %s after stasis died: no watchdog rescued it", f.state(t, pid))
+		}
+	}
+	waitCounting(t, out, len(counts(t, out))+3)
+	logs, _ := filepath.Glob(filepath.Join(home, "logs", "*-watchdog.log"))
+	if len(logs) != 1 {
+		t.Fatalf("watchdog logs: %v", logs)
+	}
+	report, _ := os.ReadFile(logs[0])
+	if !strings.Contains(string(report), `"action":"unlocked"`) {
+		t.Fatalf("watchdog report: %s", report)
+	}
+}

@@ -1,0 +1,126 @@
+package cuda
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// buildLib compiles C source into a shared library named libcuda.so.1.
+func buildLib(t *testing.T, src string) string {
+	t.Helper()
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("gcc is needed to build a stand-in driver")
+	}
+	lib := filepath.Join(t.TempDir(), "libcuda.so.1")
+	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	return lib
+}
+
+func TestUUIDs(t *testing.T) {
+	var b [16]byte
+	for i := range b {
+		b[i] = byte(0xa0 + i)
+	}
+	s := FormatUUID(b)
+	if s != "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf" {
+		t.Fatalf("FormatUUID = %s", s)
+	}
+	for _, in := range []string{s, strings.TrimPrefix(s, "GPU-"), strings.ToUpper(s[4:])} {
+		if got, err := ParseUUID(in); err != nil || got != b {
+			t.Errorf("ParseUUID(%q) = %x, %v", in, got, err)
+		}
+	}
+	for _, bad := range []string{"", "GPU-12", "GPU-zz0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf"} {
+		if _, err := ParseUUID(bad); err == nil {
+			t.Errorf("ParseUUID(%q) accepted", bad)
+		}
+	}
+}
+
+func TestLoadUnavailable(t *testing.T) {
+	if _, err := load(filepath.Join(t.TempDir(), "libcuda.so.1")); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("missing library: %v", err)
+	}
+	// A library without the checkpoint API, like drivers before 570.
+	src := filepath.Join(t.TempDir(), "old.c")
+	os.WriteFile(src, []byte("int cuInit(unsigned f) { return 0; }\nint cuDriverGetVersion(int *v) { *v = 12020; return 0; }\n"), 0o600)
+	_, err := load(buildLib(t, src))
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "cuCheckpointProcessLock") || !strings.Contains(err.Error(), "570") {
+		t.Fatalf("library without the API: %v", err)
+	}
+}
+
+// TestStandInDriver drives the binding through the stand-in driver the
+// GPU-less tests use: states move as the API documents, errors carry
+// their names, and a lock failure is recognised as a timeout.
+func TestStandInDriver(t *testing.T) {
+	d, err := load(buildLib(t, "testdata/fakecuda/libcuda.c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	t.Setenv("STASIS_FAKE_CUDA_DIR", dir)
+	if v, err := d.DriverVersion(); err != nil || v != 13000 {
+		t.Fatalf("DriverVersion = %d, %v", v, err)
+	}
+	devs, err := d.Devices()
+	if err != nil || len(devs) != 1 || devs[0].Name != "Fake GPU" || devs[0].UUID != "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f" {
+		t.Fatalf("Devices = %+v, %v", devs, err)
+	}
+	const pid = 4242
+	steps := []struct {
+		do   func() error
+		want State
+	}{
+		{func() error { return d.Lock(pid, 0) }, Locked},
+		{func() error { return d.Checkpoint(pid) }, Checkpointed},
+		{func() error { return d.Restore(pid, []GPUPair{{}}) }, Locked},
+		{func() error { return d.Unlock(pid) }, Running},
+	}
+	for i, s := range steps {
+		if err := s.do(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if st, err := d.ProcessState(pid); err != nil || st != s.want {
+			t.Fatalf("step %d: state %v, %v; want %v", i, st, err, s.want)
+		}
+	}
+	err = d.Unlock(pid) // not locked
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Name != "CUDA_ERROR_ILLEGAL_STATE" || ce.PID != pid || TimedOut(err) {
+		t.Fatalf("unlock of a running process: %v", err)
+	}
+	os.WriteFile(filepath.Join(dir, "fail-lock"), nil, 0o600)
+	if err := d.Lock(pid, 0); !TimedOut(err) || !strings.Contains(err.Error(), "cuCheckpointProcessLock(pid 4242): CUDA_ERROR_NOT_READY") {
+		t.Fatalf("failing lock: %v", err)
+	}
+	if tid, err := d.RestoreThreadID(pid); err != nil || tid != pid {
+		t.Fatalf("RestoreThreadID = %d, %v", tid, err)
+	}
+}
+
+func TestUsesCUDA(t *testing.T) {
+	sleeper := exec.Command("sleep", "30")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sleeper.Process.Kill(); sleeper.Wait() }()
+	if UsesCUDA(sleeper.Process.Pid) {
+		t.Fatal("sleep has no libcuda mapped")
+	}
+	if UsesCUDA(-1) {
+		t.Fatal("no process has PID -1")
+	}
+	if _, err := load(buildLib(t, "testdata/fakecuda/libcuda.c")); err != nil {
+		t.Fatal(err)
+	}
+	if !UsesCUDA(os.Getpid()) {
+		t.Fatal("this process mapped a libcuda.so.1 and UsesCUDA does not see it")
+	}
+}

@@ -1,0 +1,120 @@
+/*
+ * A stand-in for the NVIDIA driver's libcuda.so.1, for testing stasis's GPU
+ * state machine on machines without a GPU. It implements the calls stasis
+ * makes with the documented state transitions (running -> locked ->
+ * checkpointed -> locked -> running), keeps each process's state in
+ * $STASIS_FAKE_CUDA_DIR/<pid>.state so that several stasis runs see the
+ * same states, logs every call to $STASIS_FAKE_CUDA_DIR/calls.log, and
+ * fails a call when $STASIS_FAKE_CUDA_DIR/fail-<call> exists (lock fails
+ * with CUDA_ERROR_NOT_READY, as a lock timeout does). A call sleeps 3 s
+ * before it acts when .../slow-<call> exists, the time it takes a real
+ * driver to move gigabytes. Driver version and
+ * GPU name come from $STASIS_FAKE_CUDA_DIR/version and .../gpu-name when
+ * present. Built by the tests with gcc -shared -fPIC.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { OK = 0, INVALID_VALUE = 1, NOT_READY = 600, ILLEGAL_STATE = 401, UNKNOWN = 999 };
+enum { RUNNING = 0, LOCKED = 1, CHECKPOINTED = 2 };
+
+static const char *dir(void) {
+	const char *d = getenv("STASIS_FAKE_CUDA_DIR");
+	return d ? d : "/tmp";
+}
+
+static void logcall(const char *call, int pid, int result) {
+	char path[4096];
+	snprintf(path, sizeof path, "%s/calls.log", dir());
+	FILE *f = fopen(path, "a");
+	if (f) {
+		fprintf(f, "%s %d %d\n", call, pid, result);
+		fclose(f);
+	}
+}
+
+static int failing(const char *call) {
+	char path[4096];
+	snprintf(path, sizeof path, "%s/fail-%s", dir(), call);
+	return access(path, F_OK) == 0;
+}
+
+static int readint(const char *name, int dflt) {
+	char path[4096];
+	snprintf(path, sizeof path, "%s/%s", dir(), name);
+	FILE *f = fopen(path, "r");
+	int v = dflt;
+	if (f) {
+		if (fscanf(f, "%d", &v) != 1) v = dflt;
+		fclose(f);
+	}
+	return v;
+}
+
+static int get_state(int pid) {
+	char name[64];
+	snprintf(name, sizeof name, "%d.state", pid);
+	return readint(name, RUNNING);
+}
+
+static void put_state(int pid, int s) {
+	char path[4096];
+	snprintf(path, sizeof path, "%s/%d.state", dir(), pid);
+	FILE *f = fopen(path, "w");
+	if (f) {
+		fprintf(f, "%d\n", s);
+		fclose(f);
+	}
+}
+
+static int transition(const char *call, int pid, int from, int to, int failure) {
+	int r = OK;
+	char slow[4096];
+	snprintf(slow, sizeof slow, "%s/slow-%s", dir(), call);
+	if (access(slow, F_OK) == 0) sleep(3);
+	if (failing(call)) r = failure;
+	else if (get_state(pid) != from) r = ILLEGAL_STATE;
+	else put_state(pid, to);
+	logcall(call, pid, r);
+	return r;
+}
+
+int cuInit(unsigned int flags) { (void)flags; return OK; }
+int cuDriverGetVersion(int *v) { *v = readint("version", 13000); return OK; }
+int cuDeviceGetCount(int *n) { *n = 1; return OK; }
+int cuDeviceGet(int *dev, int ordinal) { *dev = ordinal; return ordinal == 0 ? OK : INVALID_VALUE; }
+int cuDeviceGetName(char *name, int len, int dev) {
+	(void)dev;
+	char path[4096];
+	snprintf(path, sizeof path, "%s/gpu-name", dir());
+	FILE *f = fopen(path, "r");
+	if (f) {
+		if (!fgets(name, len, f)) snprintf(name, len, "Fake GPU");
+		name[strcspn(name, "\n")] = 0;
+		fclose(f);
+	} else {
+		snprintf(name, len, "Fake GPU");
+	}
+	return OK;
+}
+int cuDeviceGetUuid_v2(unsigned char *uuid, int dev) {
+	for (int i = 0; i < 16; i++) uuid[i] = (unsigned char)(0x10 + i + dev);
+	return OK;
+}
+int cuGetErrorName(int r, const char **s) {
+	switch (r) {
+	case NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
+	case ILLEGAL_STATE: *s = "CUDA_ERROR_ILLEGAL_STATE"; break;
+	case UNKNOWN: *s = "CUDA_ERROR_UNKNOWN"; break;
+	default: *s = "CUDA_ERROR_INVALID_VALUE";
+	}
+	return OK;
+}
+int cuCheckpointProcessGetState(int pid, int *state) { *state = get_state(pid); return OK; }
+int cuCheckpointProcessLock(int pid, void *args) { (void)args; return transition("lock", pid, RUNNING, LOCKED, NOT_READY); }
+int cuCheckpointProcessCheckpoint(int pid, void *args) { (void)args; return transition("checkpoint", pid, LOCKED, CHECKPOINTED, UNKNOWN); }
+int cuCheckpointProcessRestore(int pid, void *args) { (void)args; return transition("restore", pid, CHECKPOINTED, LOCKED, UNKNOWN); }
+int cuCheckpointProcessUnlock(int pid, void *args) { (void)args; return transition("unlock", pid, LOCKED, RUNNING, UNKNOWN); }
+int cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) { *tid = pid; return OK; }
