@@ -102,8 +102,8 @@ else
 fi
 stop "$pid"
 
-# 4. stasis killed with SIGKILL between the lock and the dump leaves a job
-#    that `stasis recover` brings back.
+# 4. stasis killed with SIGKILL between the lock and the dump: its
+#    watchdog restores and unlocks the job, with nobody calling recover.
 log=$dir/kill.log; pid=$(start "$log")
 "$stasis" checkpoint --pid "$pid" --job killed >/dev/null 2>&1 & spid=$!
 for _ in $(seq 200); do
@@ -112,14 +112,28 @@ for _ in $(seq 200); do
 	sleep 0.02
 done
 kill -9 "$spid"; wait "$spid" 2>/dev/null
-before=$("$stasis" cuda state --pid "$pid" 2>&1)
-rec=$("$stasis" recover --pid "$pid" 2>&1); rc=$?
-if [ $rc -eq 0 ] && healthy "$log"; then
-	pass kill-then-recover "state after the kill: $before; recover: $rec"
+before=$st
+for _ in $(seq 300); do
+	st=$("$stasis" cuda state --pid "$pid" 2>/dev/null)
+	[[ "$st" == running* ]] && break
+	sleep 0.2
+done
+if [[ "$st" == running* ]] && healthy "$log"; then
+	pass kill-then-watchdog "state when killed: $before; the watchdog brought it back: $(cat "$STASIS_HOME"/logs/*-watchdog.log 2>/dev/null | tail -1)"
 else
-	fail kill-then-recover "state after the kill: $before; recover rc=$rc: $rec; $(tail -2 "$log")"
+	fail kill-then-watchdog "state when killed: $before; now: $st; $(tail -2 "$log")"
 fi
 "$stasis" gc >/dev/null
+
+# 5. A job left locked and checkpointed by hand: `stasis recover` brings it
+#    back.
+"$stasis" cuda lock --pid "$pid" >/dev/null && "$stasis" cuda checkpoint --pid "$pid" >/dev/null
+rec=$("$stasis" recover --pid "$pid" 2>&1); rc=$?
+if [ $rc -eq 0 ] && healthy "$log"; then
+	pass recover "$rec"
+else
+	fail recover "rc=$rc: $rec; $(tail -2 "$log")"
+fi
 stop "$pid"
 
 echo "== $failures failed"
