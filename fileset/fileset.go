@@ -21,6 +21,7 @@ import (
 
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/gdswriter"
+	"golang.org/x/sys/unix"
 )
 
 // dataFileName is the name of the one data file of a files checkpoint.
@@ -340,18 +341,32 @@ func unpack(ctx context.Context, s *catalog.Store, m *catalog.Manifest, root str
 
 // writeFiles creates every file entry at its final size, then reads the
 // data files' chunks in parallel and writes each chunk's bytes straight to
-// their places in the files they belong to. Byte ranges that are all zeros
+// their places in the files they belong to. Large files are written
+// through a shared mapping: parallel writes to one file serialise on its
+// inode lock, page faults on a mapping do not. Byte ranges that are all zeros
 // are not written: a file created at its size reads as zeros there, and
 // leaving holes saves writing them (process images are often half zeros).
 // Every chunk is verified before any of its bytes are written.
 func writeFiles(ctx context.Context, s *catalog.Store, m *catalog.Manifest, files []catalog.Entry, local func(catalog.Entry) string, o LoadOptions) error {
 	byFile := map[int][]catalog.Entry{}
+	mapped := map[string][]byte{}
+	defer func() {
+		for _, m := range mapped {
+			unix.Munmap(m)
+		}
+	}()
 	for _, e := range files {
-		f, err := os.OpenFile(local(e), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		f, err := os.OpenFile(local(e), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
 			return err
 		}
 		err = f.Truncate(e.Size)
+		if err == nil && e.Size >= mapThreshold {
+			// A file that cannot be mapped is written with pwrite.
+			if m, merr := unix.Mmap(int(f.Fd()), 0, int(e.Size), unix.PROT_WRITE, unix.MAP_SHARED); merr == nil {
+				mapped[local(e)] = m
+			}
+		}
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
@@ -381,7 +396,12 @@ func writeFiles(ctx context.Context, s *catalog.Store, m *catalog.Manifest, file
 			for ; k < len(entries) && entries[k].Offset < end; k++ {
 				e := entries[k]
 				lo, hi := max(e.Offset, start), min(e.Offset+e.Size, end)
-				if err := writeRange(local(e), raw[lo-start:hi-start], lo-e.Offset); err != nil {
+				b, off := raw[lo-start:hi-start], lo-e.Offset
+				if m, ok := mapped[local(e)]; ok {
+					if !allZero(b) {
+						copy(m[off:], b)
+					}
+				} else if err := writeRange(local(e), b, off); err != nil {
 					return err
 				}
 			}
@@ -393,6 +413,9 @@ func writeFiles(ctx context.Context, s *catalog.Store, m *catalog.Manifest, file
 	}
 	return nil
 }
+
+// mapThreshold is the file size from which Load writes through a mapping.
+const mapThreshold = 16 << 20
 
 // writeRange writes b at off in the file at path, skipping it when it is
 // all zeros (the file was created at its size, so it reads as zeros there).
