@@ -150,11 +150,9 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		return nil, err
 	}
 	defer scratch.Remove()
-	images, work := filepath.Join(scratch.Dir, "images"), filepath.Join(scratch.Dir, "work")
-	for _, d := range []string{images, work} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			return nil, err
-		}
+	images, work, err := criu.MakeDirs(scratch.Dir)
+	if err != nil {
+		return nil, err
 	}
 
 	meta := Meta{

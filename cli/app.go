@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/gdswriter"
 	ucli "github.com/urfave/cli/v2"
 )
 
@@ -157,6 +158,27 @@ func selectCheckpoint(c *ucli.Context, s *catalog.Store) (catalog.Record, error)
 		return catalog.Record{}, usagef("give a checkpoint ID (or a unique prefix of one), or --job J --latest")
 	}
 	return catalog.Record{}, usagef(fmt.Sprintf("expected one checkpoint ID, got %d arguments", args.Len()))
+}
+
+// openSelected opens the store and resolves the checkpoint the command
+// names (selectCheckpoint).
+func openSelected(c *ucli.Context) (*catalog.Store, catalog.Record, error) {
+	s, err := openStore(c)
+	if err != nil {
+		return nil, catalog.Record{}, err
+	}
+	rec, err := selectCheckpoint(c, s)
+	return s, rec, err
+}
+
+// parseWriting reads the --compress and --tag flags of save and checkpoint.
+func parseWriting(c *ucli.Context) (gdswriter.Method, map[string]string, error) {
+	method, err := gdswriter.ParseMethod(c.String("compress"))
+	if err != nil {
+		return "", nil, usagef("--compress: " + err.Error())
+	}
+	tags, err := parseTags(c.StringSlice("tag"))
+	return method, tags, err
 }
 
 func noArgs(c *ucli.Context) error {

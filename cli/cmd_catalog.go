@@ -74,11 +74,7 @@ func (e *env) showCommand() *ucli.Command {
 		ArgsUsage: "ID | --job J --latest",
 		Flags:     append(selectorFlags(), &ucli.BoolFlag{Name: "json", Usage: "print JSON"}),
 		Action: func(c *ucli.Context) error {
-			s, err := openStore(c)
-			if err != nil {
-				return err
-			}
-			rec, err := selectCheckpoint(c, s)
+			s, rec, err := openSelected(c)
 			if err != nil {
 				return err
 			}
@@ -125,11 +121,7 @@ func (e *env) rmCommand() *ucli.Command {
 		ArgsUsage: "ID | --job J --latest",
 		Flags:     selectorFlags(),
 		Action: func(c *ucli.Context) error {
-			s, err := openStore(c)
-			if err != nil {
-				return err
-			}
-			rec, err := selectCheckpoint(c, s)
+			s, rec, err := openSelected(c)
 			if err != nil {
 				return err
 			}

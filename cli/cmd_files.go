@@ -23,11 +23,7 @@ func (e *env) saveCommand() *ucli.Command {
 			&ucli.BoolFlag{Name: "json", Usage: "print the new checkpoint's record as JSON"},
 		},
 		Action: func(c *ucli.Context) error {
-			method, err := gdswriter.ParseMethod(c.String("compress"))
-			if err != nil {
-				return usagef("--compress: " + err.Error())
-			}
-			tags, err := parseTags(c.StringSlice("tag"))
+			method, tags, err := parseWriting(c)
 			if err != nil {
 				return err
 			}
@@ -72,11 +68,7 @@ func (e *env) loadCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "to", Required: true, Usage: "the directory to load into (must not exist or be empty)"},
 		),
 		Action: func(c *ucli.Context) error {
-			s, err := openStore(c)
-			if err != nil {
-				return err
-			}
-			rec, err := selectCheckpoint(c, s)
+			s, rec, err := openSelected(c)
 			if err != nil {
 				return err
 			}
@@ -99,11 +91,7 @@ func (e *env) verifyCommand() *ucli.Command {
 		ArgsUsage: "ID | --job J --latest",
 		Flags:     selectorFlags(),
 		Action: func(c *ucli.Context) error {
-			s, err := openStore(c)
-			if err != nil {
-				return err
-			}
-			rec, err := selectCheckpoint(c, s)
+			s, rec, err := openSelected(c)
 			if err != nil {
 				return err
 			}

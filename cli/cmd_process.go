@@ -40,11 +40,7 @@ func (e *env) checkpointCommand() *ucli.Command {
 			if err := noArgs(c); err != nil {
 				return err
 			}
-			method, err := gdswriter.ParseMethod(c.String("compress"))
-			if err != nil {
-				return usagef("--compress: " + err.Error())
-			}
-			tags, err := parseTags(c.StringSlice("tag"))
+			method, tags, err := parseWriting(c)
 			if err != nil {
 				return err
 			}
@@ -96,11 +92,7 @@ func (e *env) restoreCommand() *ucli.Command {
 			&ucli.BoolFlag{Name: "json", Usage: "print the PID and timings as JSON"},
 		),
 		Action: func(c *ucli.Context) error {
-			s, err := openStore(c)
-			if err != nil {
-				return err
-			}
-			rec, err := selectCheckpoint(c, s)
+			s, rec, err := openSelected(c)
 			if err != nil {
 				return err
 			}

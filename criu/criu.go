@@ -224,6 +224,18 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
+// MakeDirs creates the two directories a CRIU run needs inside root:
+// images/ for the image files and work/ for its log.
+func MakeDirs(root string) (images, work string, err error) {
+	images, work = filepath.Join(root, "images"), filepath.Join(root, "work")
+	for _, d := range []string{images, work} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return "", "", err
+		}
+	}
+	return images, work, nil
+}
+
 // Dump dumps the tree rooted at pid into imagesDir, calling hooks at CRIU's
 // notify points. CRIU's log goes to workDir/dump.log: it is still being
 // written while PostDump runs, when the images are complete. Both

@@ -10,8 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/stasis-ckpt/stasis/catalog"
@@ -90,11 +88,9 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 		return nil, err
 	}
 	defer scratch.Remove()
-	images, work := filepath.Join(scratch.Dir, "images"), filepath.Join(scratch.Dir, "work")
-	for _, d := range []string{images, work} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			return nil, err
-		}
+	images, work, err := criu.MakeDirs(scratch.Dir)
+	if err != nil {
+		return nil, err
 	}
 	// Every chunk is verified here, before CRIU sees any image.
 	if err := fileset.Unpack(ctx, s, m, images, fileset.LoadOptions{Read: o.Read}); err != nil {
