@@ -29,6 +29,15 @@ typedef CUresult (*fnLock)(int, stasisLockArgs *);
 typedef CUresult (*fnPlain)(int, stasisPlainArgs *);
 typedef CUresult (*fnRestore)(int, stasisRestoreArgs *);
 typedef CUresult (*fnGetRestoreThreadId)(int, int *);
+typedef CUresult (*fnPointerGetAttribute)(void *, int, uint64_t);
+typedef CUresult (*fnCtxSetCurrent)(void *);
+typedef CUresult (*fnMemcpyDtoH)(void *, uint64_t, size_t);
+typedef CUresult (*fnMemcpyHtoD)(uint64_t, const void *, size_t);
+typedef CUresult (*fnMemHostRegister)(void *, size_t, unsigned int);
+typedef CUresult (*fnMemHostUnregister)(void *);
+typedef CUresult (*fnDevicePrimaryCtxRetain)(void **, int);
+typedef CUresult (*fnMemAlloc)(uint64_t *, size_t);
+typedef CUresult (*fnMemFree)(uint64_t);
 
 typedef struct {
 	void *handle;
@@ -45,6 +54,15 @@ typedef struct {
 	fnRestore restore;
 	fnPlain unlock;
 	fnGetRestoreThreadId getRestoreThreadId;
+	fnPointerGetAttribute pointerGetAttribute;
+	fnCtxSetCurrent ctxSetCurrent;
+	fnMemcpyDtoH memcpyDtoH;
+	fnMemcpyHtoD memcpyHtoD;
+	fnMemHostRegister memHostRegister;
+	fnMemHostUnregister memHostUnregister;
+	fnDevicePrimaryCtxRetain primaryCtxRetain;
+	fnMemAlloc memAlloc;
+	fnMemFree memFree;
 } stasisDriver;
 
 static void *stasis_sym(void *h, const char *name) { return dlsym(h, name); }
@@ -67,7 +85,52 @@ static const char *stasis_open(const char *path, stasisDriver *d) {
 	d->restore = (fnRestore)stasis_sym(d->handle, "cuCheckpointProcessRestore");
 	d->unlock = (fnPlain)stasis_sym(d->handle, "cuCheckpointProcessUnlock");
 	d->getRestoreThreadId = (fnGetRestoreThreadId)stasis_sym(d->handle, "cuCheckpointProcessGetRestoreThreadId");
+	d->pointerGetAttribute = (fnPointerGetAttribute)stasis_sym(d->handle, "cuPointerGetAttribute");
+	d->ctxSetCurrent = (fnCtxSetCurrent)stasis_sym(d->handle, "cuCtxSetCurrent");
+	d->memcpyDtoH = (fnMemcpyDtoH)stasis_sym(d->handle, "cuMemcpyDtoH_v2");
+	d->memcpyHtoD = (fnMemcpyHtoD)stasis_sym(d->handle, "cuMemcpyHtoD_v2");
+	d->memHostRegister = (fnMemHostRegister)stasis_sym(d->handle, "cuMemHostRegister_v2");
+	d->memHostUnregister = (fnMemHostUnregister)stasis_sym(d->handle, "cuMemHostUnregister");
+	d->primaryCtxRetain = (fnDevicePrimaryCtxRetain)stasis_sym(d->handle, "cuDevicePrimaryCtxRetain");
+	d->memAlloc = (fnMemAlloc)stasis_sym(d->handle, "cuMemAlloc_v2");
+	d->memFree = (fnMemFree)stasis_sym(d->handle, "cuMemFree_v2");
 	return NULL;
+}
+
+// Memory calls make the pointer's context current first, in the same call,
+// so that the calling thread (any Go thread) has it.
+#define CU_POINTER_ATTRIBUTE_CONTEXT 1
+static CUresult stasis_ptr_ctx(stasisDriver *d, uint64_t ptr, void **ctx) {
+	return d->pointerGetAttribute(ctx, CU_POINTER_ATTRIBUTE_CONTEXT, ptr);
+}
+static CUresult stasis_dtoh(stasisDriver *d, void *ctx, void *dst, uint64_t src, size_t n) {
+	CUresult r = d->ctxSetCurrent(ctx);
+	return r ? r : d->memcpyDtoH(dst, src, n);
+}
+static CUresult stasis_htod(stasisDriver *d, void *ctx, uint64_t dst, const void *src, size_t n) {
+	CUresult r = d->ctxSetCurrent(ctx);
+	return r ? r : d->memcpyHtoD(dst, src, n);
+}
+static CUresult stasis_host_register(stasisDriver *d, void *ctx, void *p, size_t n) {
+	CUresult r = d->ctxSetCurrent(ctx);
+	return r ? r : d->memHostRegister(p, n, 1); // CU_MEMHOSTREGISTER_PORTABLE: pinned for every context
+}
+static CUresult stasis_host_unregister(stasisDriver *d, void *ctx, void *p) {
+	CUresult r = d->ctxSetCurrent(ctx);
+	return r ? r : d->memHostUnregister(p);
+}
+static CUresult stasis_primary_ctx(stasisDriver *d, int ordinal, void **ctx) {
+	int dev;
+	CUresult r = d->deviceGet(&dev, ordinal);
+	return r ? r : d->primaryCtxRetain(ctx, dev);
+}
+static CUresult stasis_alloc(stasisDriver *d, void *ctx, uint64_t *p, size_t n) {
+	CUresult r = d->ctxSetCurrent(ctx);
+	return r ? r : d->memAlloc(p, n);
+}
+static CUresult stasis_free(stasisDriver *d, void *ctx, uint64_t p) {
+	CUresult r = d->ctxSetCurrent(ctx);
+	return r ? r : d->memFree(p);
 }
 
 static CUresult stasis_init(stasisDriver *d) { return d->init(0); }
@@ -369,4 +432,76 @@ func (d *Driver) RestoreThreadID(pid int) (int, error) {
 func UsesCUDA(pid int) bool {
 	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	return err == nil && strings.Contains(string(maps), "libcuda.so")
+}
+
+// Context is a CUDA context (CUcontext).
+type Context unsafe.Pointer
+
+func (d *Driver) hasMemoryAPI() error {
+	if d.d.pointerGetAttribute == nil || d.d.ctxSetCurrent == nil || d.d.memcpyDtoH == nil || d.d.memcpyHtoD == nil ||
+		d.d.memHostRegister == nil || d.d.memHostUnregister == nil || d.d.primaryCtxRetain == nil || d.d.memAlloc == nil || d.d.memFree == nil {
+		return fmt.Errorf("%w: %s lacks the memory calls stasis needs", ErrUnavailable, d.Path)
+	}
+	return nil
+}
+
+// PointerContext returns the context a device pointer belongs to.
+func (d *Driver) PointerContext(ptr uintptr) (Context, error) {
+	if err := d.hasMemoryAPI(); err != nil {
+		return nil, err
+	}
+	var ctx unsafe.Pointer
+	if err := d.check("cuPointerGetAttribute", 0, C.stasis_ptr_ctx(&d.d, C.uint64_t(ptr), &ctx)); err != nil {
+		return nil, err
+	}
+	return Context(ctx), nil
+}
+
+// PrimaryContext retains and returns the primary context of a GPU.
+func (d *Driver) PrimaryContext(ordinal int) (Context, error) {
+	if err := d.hasMemoryAPI(); err != nil {
+		return nil, err
+	}
+	var ctx unsafe.Pointer
+	err := d.check("cuDevicePrimaryCtxRetain", 0, C.stasis_primary_ctx(&d.d, C.int(ordinal), &ctx))
+	return Context(ctx), err
+}
+
+// CopyToHost copies len(dst) bytes from device memory at src.
+func (d *Driver) CopyToHost(ctx Context, dst []byte, src uintptr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	return d.check("cuMemcpyDtoH", 0, C.stasis_dtoh(&d.d, unsafe.Pointer(ctx), unsafe.Pointer(&dst[0]), C.uint64_t(src), C.size_t(len(dst))))
+}
+
+// CopyToDevice copies src to device memory at dst.
+func (d *Driver) CopyToDevice(ctx Context, dst uintptr, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	return d.check("cuMemcpyHtoD", 0, C.stasis_htod(&d.d, unsafe.Pointer(ctx), C.uint64_t(dst), unsafe.Pointer(&src[0]), C.size_t(len(src))))
+}
+
+// RegisterHost pins host memory (which must not be Go heap memory: use
+// memory from mmap) so that copies to and from it run at full speed.
+func (d *Driver) RegisterHost(ctx Context, b []byte) error {
+	return d.check("cuMemHostRegister", 0, C.stasis_host_register(&d.d, unsafe.Pointer(ctx), unsafe.Pointer(&b[0]), C.size_t(len(b))))
+}
+
+// UnregisterHost undoes RegisterHost.
+func (d *Driver) UnregisterHost(ctx Context, b []byte) error {
+	return d.check("cuMemHostUnregister", 0, C.stasis_host_unregister(&d.d, unsafe.Pointer(ctx), unsafe.Pointer(&b[0])))
+}
+
+// Alloc allocates n bytes of device memory in ctx (tests and benchmarks).
+func (d *Driver) Alloc(ctx Context, n int) (uintptr, error) {
+	var p C.uint64_t
+	err := d.check("cuMemAlloc", 0, C.stasis_alloc(&d.d, unsafe.Pointer(ctx), &p, C.size_t(n)))
+	return uintptr(p), err
+}
+
+// Free releases device memory from Alloc.
+func (d *Driver) Free(ctx Context, p uintptr) error {
+	return d.check("cuMemFree", 0, C.stasis_free(&d.d, unsafe.Pointer(ctx), C.uint64_t(p)))
 }

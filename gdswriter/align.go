@@ -42,17 +42,35 @@ func (b *alignedBuffer) free() {
 // bufferPool hands out a bounded number of equally sized aligned buffers.
 // Get blocks while all are in use, which is what bounds a pipeline's memory.
 type bufferPool struct {
-	free chan *alignedBuffer
-	all  []*alignedBuffer
+	free  chan *alignedBuffer
+	all   []*alignedBuffer
+	unpin func([]byte)
 }
 
+// Pinning registers a buffer's memory with a device driver (pinned memory
+// copies to and from a GPU at full speed) and returns how to undo it.
+type Pinning func(b []byte) (unpin func([]byte), err error)
+
 func newBufferPool(count, size int) (*bufferPool, error) {
+	return newPinnedPool(count, size, nil)
+}
+
+func newPinnedPool(count, size int, pin Pinning) (*bufferPool, error) {
 	p := &bufferPool{free: make(chan *alignedBuffer, count)}
 	for i := 0; i < count; i++ {
 		b, err := newAlignedBuffer(size)
 		if err != nil {
 			p.close()
 			return nil, err
+		}
+		if pin != nil {
+			unpin, err := pin(b.mem)
+			if err != nil {
+				b.free()
+				p.close()
+				return nil, fmt.Errorf("pin a %d-byte buffer: %w", size, err)
+			}
+			p.unpin = unpin
 		}
 		p.all = append(p.all, b)
 		p.free <- b
@@ -63,9 +81,12 @@ func newBufferPool(count, size int) (*bufferPool, error) {
 func (p *bufferPool) get() *alignedBuffer  { return <-p.free }
 func (p *bufferPool) put(b *alignedBuffer) { p.free <- b }
 
-// close unmaps every buffer; no buffer may be in use.
+// close unpins and unmaps every buffer; no buffer may be in use.
 func (p *bufferPool) close() {
 	for _, b := range p.all {
+		if p.unpin != nil {
+			p.unpin(b.mem)
+		}
 		b.free()
 	}
 	p.all = nil

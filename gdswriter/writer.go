@@ -30,6 +30,10 @@ type WriterOptions struct {
 	// Progress, when set, is called with the raw byte count of each chunk
 	// once it is written, from several goroutines at once.
 	Progress func(rawBytes int64)
+	// Pin, when set, registers each chunk buffer with a device driver when
+	// the Writer is created (and undoes it when it is done), so that Fill
+	// can copy device memory straight into them.
+	Pin Pinning
 }
 
 func (o *WriterOptions) fill() error {
@@ -115,7 +119,7 @@ func Create(ctx context.Context, path string, o WriterOptions) (*Writer, error) 
 	if err != nil {
 		return nil, err
 	}
-	pool, err := newBufferPool(2*o.Workers+1, o.ChunkSize)
+	pool, err := newPinnedPool(2*o.Workers+1, o.ChunkSize, o.Pin)
 	if err != nil {
 		f.close()
 		return nil, err
@@ -167,6 +171,27 @@ func (w *Writer) Write(p []byte) (int, error) {
 		w.dispatchIfFull()
 	}
 	return written, nil
+}
+
+// Fill adds n bytes to the stream that fill writes straight into the chunk
+// buffers, a piece at a time (each piece at most a chunk): the way to copy
+// device memory into the stream without a staging copy. fill gets the
+// offset of the piece within the n bytes.
+func (w *Writer) Fill(n int64, fill func(dst []byte, off int64) error) error {
+	for off := int64(0); off < n; {
+		if err := w.fillBuffer(); err != nil {
+			return err
+		}
+		piece := min(int64(w.opts.ChunkSize-w.curLen), n-off)
+		if err := fill(w.cur.mem[w.curLen:w.curLen+int(piece)], off); err != nil {
+			return err
+		}
+		w.curLen += int(piece)
+		w.rawSize += piece
+		off += piece
+		w.dispatchIfFull()
+	}
+	return nil
 }
 
 // ReadFrom reads r to its end straight into chunk buffers.

@@ -10,7 +10,10 @@
  * before it acts when .../slow-<call> exists, the time it takes a real
  * driver to move gigabytes. Driver version and
  * GPU name come from $STASIS_FAKE_CUDA_DIR/version and .../gpu-name when
- * present. Built by the tests with gcc -shared -fPIC.
+ * present. Device memory is host memory here: a "device pointer" is a host
+ * address, and the copies are memcpy. .../fail-dtoh holding N makes the
+ * N-th device-to-host copy fail; pinning and unpinning are counted in
+ * calls.log. Built by the tests with gcc -shared -fPIC.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,3 +121,23 @@ int cuCheckpointProcessCheckpoint(int pid, void *args) { (void)args; return tran
 int cuCheckpointProcessRestore(int pid, void *args) { (void)args; return transition("restore", pid, CHECKPOINTED, LOCKED, UNKNOWN); }
 int cuCheckpointProcessUnlock(int pid, void *args) { (void)args; return transition("unlock", pid, LOCKED, RUNNING, UNKNOWN); }
 int cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) { *tid = pid; return OK; }
+
+int cuPointerGetAttribute(void *data, int attribute, unsigned long long ptr) {
+	(void)attribute; (void)ptr;
+	*(void **)data = (void *)1;
+	return OK;
+}
+int cuCtxSetCurrent(void *ctx) { (void)ctx; return OK; }
+int cuDevicePrimaryCtxRetain(void **ctx, int dev) { (void)dev; *ctx = (void *)1; return OK; }
+int cuMemcpyDtoH_v2(void *dst, unsigned long long src, size_t n) {
+	static int calls;
+	int failAt = readint("fail-dtoh", 0);
+	if (failAt && ++calls >= failAt) return UNKNOWN;
+	memcpy(dst, (void *)src, n);
+	return OK;
+}
+int cuMemcpyHtoD_v2(unsigned long long dst, const void *src, size_t n) { memcpy((void *)dst, src, n); return OK; }
+int cuMemHostRegister_v2(void *p, size_t n, unsigned int flags) { (void)p; (void)n; (void)flags; logcall("register", 0, OK); return OK; }
+int cuMemHostUnregister(void *p) { (void)p; logcall("unregister", 0, OK); return OK; }
+int cuMemAlloc_v2(unsigned long long *p, size_t n) { *p = (unsigned long long)malloc(n); return *p ? OK : UNKNOWN; }
+int cuMemFree_v2(unsigned long long p) { free((void *)p); return OK; }

@@ -1,0 +1,302 @@
+// Package tensors saves named buffers (GPU memory or host memory) as one
+// checkpoint of kind "tensors" and loads them back into buffers the caller
+// provides: the application-level fast path a training loop calls.
+//
+// GPU memory is copied into the writer's own chunk buffers, which are
+// registered with the driver as pinned memory, so the bytes go from the GPU
+// to the buffer that is compressed and written with O_DIRECT with no copy
+// in between. Each tensor's dtype is known, so the byte-plane codecs get
+// the element width. Loading reads, verifies and decodes chunks in
+// parallel and copies each straight to its place on the GPU.
+//
+// It lives apart from gdswriter because it makes checkpoints (catalog),
+// which gdswriter, below catalog, must not know.
+package tensors
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/cuda"
+	"github.com/stasis-ckpt/stasis/gdswriter"
+)
+
+// ErrMismatch is wrapped by errors about buffers that do not match what
+// they describe or what a checkpoint holds.
+var ErrMismatch = errors.New("tensor does not match")
+
+// DType is an element type.
+type DType string
+
+var dtypeSizes = map[DType]int{
+	"bool": 1, "int8": 1, "uint8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+	"int16": 2, "uint16": 2, "fp16": 2, "bf16": 2,
+	"int32": 4, "uint32": 4, "fp32": 4,
+	"int64": 8, "uint64": 8, "fp64": 8,
+}
+
+// Size is the element width in bytes, 0 for an unknown dtype.
+func (d DType) Size() int { return dtypeSizes[d] }
+
+// Tensor is a named buffer. Exactly one of Device and Host is set.
+type Tensor struct {
+	Name  string
+	DType DType
+	Shape []int64
+	// Device is a CUDA device pointer to Bytes bytes.
+	Device uintptr
+	// Host is host memory.
+	Host []byte
+	// Bytes is the buffer's size; it must equal the product of Shape times
+	// the dtype's size.
+	Bytes int64
+}
+
+// attrs is what a tensor entry records in the manifest.
+type attrs struct {
+	DType DType   `json:"dtype"`
+	Shape []int64 `json:"shape"`
+}
+
+func (t Tensor) check() error {
+	size := t.DType.Size()
+	if size == 0 {
+		return fmt.Errorf("%w: %s: unknown dtype %q", ErrMismatch, t.Name, t.DType)
+	}
+	n := int64(size)
+	for _, d := range t.Shape {
+		if d < 0 {
+			return fmt.Errorf("%w: %s: negative dimension in shape %v", ErrMismatch, t.Name, t.Shape)
+		}
+		n *= d
+	}
+	if t.Device != 0 && t.Host != nil {
+		return fmt.Errorf("%w: %s: give either a device pointer or host memory", ErrMismatch, t.Name)
+	}
+	if t.Host != nil && int64(len(t.Host)) != t.Bytes {
+		return fmt.Errorf("%w: %s: host buffer has %d bytes, Bytes says %d", ErrMismatch, t.Name, len(t.Host), t.Bytes)
+	}
+	if n != t.Bytes {
+		return fmt.Errorf("%w: %s: %s%v needs %d bytes, the buffer has %d", ErrMismatch, t.Name, t.DType, t.Shape, n, t.Bytes)
+	}
+	if t.Device == 0 && t.Host == nil && t.Bytes > 0 {
+		return fmt.Errorf("%w: %s: no buffer", ErrMismatch, t.Name)
+	}
+	if !catalog.ValidEntryPath(t.Name) {
+		return fmt.Errorf("%w: %q is not a usable tensor name (slash-separated, relative, no ..)", ErrMismatch, t.Name)
+	}
+	return nil
+}
+
+// SaveOptions configure Save.
+type SaveOptions struct {
+	Job    string
+	Step   int64
+	Tags   map[string]string
+	Writer gdswriter.WriterOptions
+}
+
+// Save writes the tensors as a new complete checkpoint. The device memory
+// is read while Save runs; the caller must not change it until Save
+// returns. On any error nothing is listed and pinned memory is released.
+func Save(ctx context.Context, s *catalog.Store, ts []Tensor, o SaveOptions) (*catalog.Record, error) {
+	seen := map[string]bool{}
+	var drv *cuda.Driver
+	elem, mixed := 0, false
+	for _, t := range ts {
+		if err := t.check(); err != nil {
+			return nil, err
+		}
+		if seen[t.Name] {
+			return nil, fmt.Errorf("%w: two tensors are named %s", ErrMismatch, t.Name)
+		}
+		seen[t.Name] = true
+		if elem == 0 {
+			elem = t.DType.Size()
+		} else if elem != t.DType.Size() {
+			mixed = true
+		}
+	}
+	ctxs := map[string]cuda.Context{}
+	var pinCtx cuda.Context
+	for _, t := range ts {
+		if t.Device == 0 {
+			continue
+		}
+		var err error
+		if drv == nil {
+			if drv, err = cuda.Load(); err != nil {
+				return nil, err
+			}
+		}
+		if ctxs[t.Name], err = drv.PointerContext(t.Device); err != nil {
+			return nil, fmt.Errorf("%s: %w", t.Name, err)
+		}
+		pinCtx = ctxs[t.Name]
+	}
+	wo := o.Writer
+	if !mixed && (elem == 2 || elem == 4) {
+		wo.ElemSize = elem
+	}
+	if drv != nil {
+		wo.Pin = func(b []byte) (func([]byte), error) {
+			if err := drv.RegisterHost(pinCtx, b); err != nil {
+				return nil, err
+			}
+			return func(b []byte) { drv.UnregisterHost(pinCtx, b) }, nil
+		}
+	}
+	p, err := s.Begin(catalog.KindTensors, o.Job, o.Step, o.Tags)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := save(ctx, p, drv, ctxs, ts, wo)
+	if err != nil {
+		p.Abort()
+		return nil, err
+	}
+	return rec, nil
+}
+
+const dataFileName = "data.0000"
+
+func save(ctx context.Context, p *catalog.Pending, drv *cuda.Driver, ctxs map[string]cuda.Context, ts []Tensor, wo gdswriter.WriterOptions) (*catalog.Record, error) {
+	w, err := gdswriter.Create(ctx, p.Path(dataFileName), wo)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ts {
+		a, _ := json.Marshal(attrs{DType: t.DType, Shape: t.Shape})
+		e := catalog.Entry{Path: t.Name, Type: catalog.EntryTensor, Size: t.Bytes, Offset: w.Offset(), Attrs: a}
+		if t.Host != nil {
+			_, err = w.Write(t.Host)
+		} else {
+			src, devCtx := t.Device, ctxs[t.Name]
+			err = w.Fill(t.Bytes, func(dst []byte, off int64) error {
+				return drv.CopyToHost(devCtx, dst, src+uintptr(off))
+			})
+		}
+		if err != nil {
+			w.Abort()
+			return nil, fmt.Errorf("%s: %w", t.Name, err)
+		}
+		p.Manifest.Entries = append(p.Manifest.Entries, e)
+	}
+	res, err := w.Close()
+	if err != nil {
+		return nil, err
+	}
+	p.Manifest.Files = []catalog.DataFile{{Name: dataFileName, Size: res.Size, RawSize: res.RawSize, ChunkSize: res.ChunkSize, Chunks: res.Chunks}}
+	return p.Commit()
+}
+
+// Describe lists the tensors a checkpoint holds (without buffers).
+func Describe(m *catalog.Manifest) ([]Tensor, error) {
+	if m.Kind != catalog.KindTensors {
+		return nil, fmt.Errorf("%w: checkpoint %s is of kind %s, not tensors", catalog.ErrInvalid, m.ID, m.Kind)
+	}
+	var ts []Tensor
+	for _, e := range m.Entries {
+		if e.Type != catalog.EntryTensor {
+			continue
+		}
+		var a attrs
+		if err := json.Unmarshal(e.Attrs, &a); err != nil {
+			return nil, fmt.Errorf("%w: tensor %s: %v", catalog.ErrBadManifest, e.Path, err)
+		}
+		ts = append(ts, Tensor{Name: e.Path, DType: a.DType, Shape: a.Shape, Bytes: e.Size})
+	}
+	return ts, nil
+}
+
+// Load reads the checkpoint id into the buffers of into, matched by name:
+// every tensor of the checkpoint must have a buffer of the same dtype and
+// size (the first mismatch is named). Every chunk is verified before any of
+// its bytes reach a buffer; on error, the buffers hold a mix of old and new
+// bytes.
+func Load(ctx context.Context, s *catalog.Store, id string, into []Tensor, o catalog.ReadOptions) (*catalog.Manifest, error) {
+	m, err := s.ReadManifest(id)
+	if err != nil {
+		return nil, err
+	}
+	saved, err := Describe(m)
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]Tensor{}
+	for _, t := range into {
+		byName[t.Name] = t
+	}
+	entries := map[string]catalog.Entry{}
+	for _, e := range m.Entries {
+		entries[e.Path] = e
+	}
+	for _, t := range into {
+		if _, ok := entries[t.Name]; !ok {
+			return nil, fmt.Errorf("%w: a buffer is given for %s, the checkpoint has no such tensor", ErrMismatch, t.Name)
+		}
+	}
+	var drv *cuda.Driver
+	type target struct {
+		entry  catalog.Entry
+		t      Tensor
+		devCtx cuda.Context
+	}
+	byFile := map[int][]target{}
+	for i, st := range saved {
+		t, ok := byName[st.Name]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("%w: the checkpoint has %s, no buffer was given for it", ErrMismatch, st.Name)
+		case t.DType != st.DType || t.Bytes != st.Bytes:
+			return nil, fmt.Errorf("%w: %s is %s of %d bytes in the checkpoint, the buffer is %s of %d bytes", ErrMismatch, st.Name, st.DType, st.Bytes, t.DType, t.Bytes)
+		case t.Host != nil && int64(len(t.Host)) != t.Bytes:
+			return nil, fmt.Errorf("%w: %s: host buffer has %d bytes, Bytes says %d", ErrMismatch, t.Name, len(t.Host), t.Bytes)
+		case t.Host == nil && t.Device == 0 && t.Bytes > 0:
+			return nil, fmt.Errorf("%w: %s: no buffer", ErrMismatch, t.Name)
+		}
+		var devCtx cuda.Context
+		if t.Device != 0 {
+			if drv == nil {
+				if drv, err = cuda.Load(); err != nil {
+					return nil, err
+				}
+			}
+			if devCtx, err = drv.PointerContext(t.Device); err != nil {
+				return nil, fmt.Errorf("%s: %w", t.Name, err)
+			}
+		}
+		e := entries[saved[i].Name]
+		if e.Size > 0 {
+			byFile[e.File] = append(byFile[e.File], target{entry: e, t: t, devCtx: devCtx})
+		}
+	}
+	for fi, df := range m.Files {
+		targets := byFile[fi]
+		sort.Slice(targets, func(i, j int) bool { return targets[i].entry.Offset < targets[j].entry.Offset })
+		err := s.EachChunk(ctx, m, df, o, func(i int, raw []byte) error {
+			start := int64(i) * df.ChunkSize
+			end := start + int64(len(raw))
+			k := sort.Search(len(targets), func(k int) bool { return targets[k].entry.Offset+targets[k].entry.Size > start })
+			for ; k < len(targets) && targets[k].entry.Offset < end; k++ {
+				tg := targets[k]
+				lo, hi := max(tg.entry.Offset, start), min(tg.entry.Offset+tg.entry.Size, end)
+				b, off := raw[lo-start:hi-start], lo-tg.entry.Offset
+				if tg.t.Host != nil {
+					copy(tg.t.Host[off:], b)
+				} else if err := drv.CopyToDevice(tg.devCtx, tg.t.Device+uintptr(off), b); err != nil {
+					return fmt.Errorf("%s: %w", tg.t.Name, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
