@@ -3,6 +3,7 @@ package tensors
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -22,6 +23,10 @@ import (
 // in the same run (figures only: nothing is asserted about speed).
 //
 //	STASIS_GPU_TEST=1 [STASIS_GPU_TEST_BYTES=2147483648] [STASIS_GPU_TEST_DIR=/root/t] go test ./tensors -run RealGPU -v
+//
+// With STASIS_GPU_TEST_OUT=PREFIX it also writes the weights to PREFIX.bin
+// (for scripts/bench_peers.py, which times torch.save and safetensors on
+// the same bytes) and the figures to PREFIX.json.
 func TestRealGPU(t *testing.T) {
 	if os.Getenv("STASIS_GPU_TEST") == "" {
 		t.Skip("needs an NVIDIA GPU: set STASIS_GPU_TEST=1 on the GPU machine")
@@ -62,6 +67,17 @@ func TestRealGPU(t *testing.T) {
 	}
 	back := hostMem(t, n)
 	gb := func(d time.Duration) float64 { return float64(n) / d.Seconds() / 1e9 }
+	out := os.Getenv("STASIS_GPU_TEST_OUT")
+	figures := map[string]float64{"bytes": float64(n)}
+	if out != "" {
+		if err := os.WriteFile(out+".bin", host, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			data, _ := json.MarshalIndent(figures, "", " ")
+			os.WriteFile(out+".json", data, 0o600)
+		}()
+	}
 
 	start := time.Now()
 	if _, err := gdswriter.RawWrite(context.Background(), filepath.Join(dir, "raw"), host, gdswriter.DefaultChunkSize, gdswriter.DefaultWorkers(), false); err != nil {
@@ -69,6 +85,7 @@ func TestRealGPU(t *testing.T) {
 	}
 	rawWrite := gb(time.Since(start))
 	unix.Sync()
+	clear(back) // touch every page first, so the baseline pays no page faults
 	start = time.Now()
 	if _, err := gdswriter.RawRead(context.Background(), filepath.Join(dir, "raw"), back, gdswriter.DefaultChunkSize, gdswriter.DefaultWorkers(), false); err != nil {
 		t.Fatal(err)
@@ -76,6 +93,7 @@ func TestRealGPU(t *testing.T) {
 	rawRead := gb(time.Since(start))
 	os.Remove(filepath.Join(dir, "raw"))
 	t.Logf("%d bytes of bf16 weights; raw O_DIRECT write %.2f GB/s, read %.2f GB/s", n, rawWrite, rawRead)
+	figures["raw_write_gbps"], figures["raw_read_gbps"] = rawWrite, rawRead
 
 	for _, method := range []gdswriter.Method{gdswriter.MethodNone, gdswriter.MethodAuto} {
 		s, err := catalog.Open(filepath.Join(dir, "store-"+string(method)), catalog.Options{})
@@ -106,6 +124,38 @@ func TestRealGPU(t *testing.T) {
 		}
 		t.Logf("compress %s: save %.2f GB/s (%.2f x raw write), load %.2f GB/s (%.2f x raw read), stored %.3f of the bytes",
 			method, gb(save), gb(save)/rawWrite, gb(load), gb(load)/rawRead, float64(rec.StoredBytes)/float64(rec.Bytes))
+		figures["stasis_"+string(method)+"_save_gbps"], figures["stasis_"+string(method)+"_load_gbps"] = gb(save), gb(load)
+		figures["stasis_"+string(method)+"_stored_ratio"] = float64(rec.StoredBytes) / float64(rec.Bytes)
+		s.Remove(rec.ID)
+	}
+
+	// The same bytes as 20,000 small tensors (the sizes of a model's many
+	// small parameters), uncompressed and auto.
+	const many = 20000
+	var small, smallInto []Tensor
+	per := int64(n/many) &^ 1
+	for i := 0; i < many; i++ {
+		small = append(small, Tensor{Name: "p" + strconv.Itoa(i), DType: "bf16", Shape: []int64{per / 2}, Device: src + uintptr(int64(i)*per), Bytes: per})
+		smallInto = append(smallInto, Tensor{Name: "p" + strconv.Itoa(i), DType: "bf16", Shape: []int64{per / 2}, Device: dst + uintptr(int64(i)*per), Bytes: per})
+	}
+	sb := func(d time.Duration) float64 { return float64(per*many) / d.Seconds() / 1e9 }
+	for _, method := range []gdswriter.Method{gdswriter.MethodNone, gdswriter.MethodAuto} {
+		s, _ := catalog.Open(filepath.Join(dir, "store-small-"+string(method)), catalog.Options{})
+		unix.Sync()
+		start = time.Now()
+		rec, err := Save(context.Background(), s, small, SaveOptions{Job: "small", Writer: gdswriter.WriterOptions{Method: method}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		save := time.Since(start)
+		unix.Sync()
+		start = time.Now()
+		if _, err := Load(context.Background(), s, rec.ID, smallInto, catalog.ReadOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		load := time.Since(start)
+		t.Logf("%d small tensors, compress %s: save %.2f GB/s, load %.2f GB/s", many, method, sb(save), sb(load))
+		figures["small_stasis_"+string(method)+"_save_gbps"], figures["small_stasis_"+string(method)+"_load_gbps"] = sb(save), sb(load)
 		s.Remove(rec.ID)
 	}
 
