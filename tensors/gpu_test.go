@@ -57,7 +57,7 @@ func TestRealGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer drv.Free(devCtx, dst)
-	host := hostMem(t, n)
+	host := mapped(t, n)
 	pattern := bf16(32<<20, 5) // 64 MiB, tiled
 	for off := 0; off < n; off += len(pattern) {
 		copy(host[off:], pattern)
@@ -65,7 +65,7 @@ func TestRealGPU(t *testing.T) {
 	if err := drv.CopyToDevice(devCtx, src, host); err != nil {
 		t.Fatal(err)
 	}
-	back := hostMem(t, n)
+	back := mapped(t, n)
 	gb := func(d time.Duration) float64 { return float64(n) / d.Seconds() / 1e9 }
 	out := os.Getenv("STASIS_GPU_TEST_OUT")
 	figures := map[string]float64{"bytes": float64(n)}
@@ -169,14 +169,4 @@ func TestRealGPU(t *testing.T) {
 	if recs, _ := s.List(catalog.Filter{}); len(recs) != 0 {
 		t.Fatalf("a failed save is listed: %+v", recs)
 	}
-}
-
-func hostMem(t *testing.T, n int) []byte {
-	t.Helper()
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(b) })
-	return b
 }
