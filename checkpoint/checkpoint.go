@@ -143,29 +143,64 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			pending.Abort()
 		}
 	}()
+	res := &Result{}
+	pauseStart := time.Now()
+	// gpuOK tells the watchdog, at the end, whether the job's GPU side runs
+	// again; if not, it tries again once stasis is gone.
+	gpuOK := true
+	if gpu != nil {
+		// If stasis dies from here on, the watchdog resumes the job.
+		dog, err := startWatchdog(gpu.pids, s.LogPath("watchdog.log"))
+		if err != nil {
+			return nil, err
+		}
+		defer func() { dog.release(gpuOK) }()
+		timeout := o.LockTimeout
+		if timeout <= 0 {
+			timeout = DefaultLockTimeout
+		}
+		err = gpu.lockAndCheckpoint(timeout)
+		res.GPULock, res.GPUCheckpoint = gpu.lockTime, gpu.checkpointTime
+		if err != nil {
+			err = gpu.rollback(err)
+			gpuOK = !gpu.stuck
+			return nil, err
+		}
+		// The CUDA checkpoint moved GPU memory into host memory: the
+		// images will be that much larger.
+		rss = treeRSS(tree)
+	}
+	// fail rolls the GPU side back after a failure past its checkpoint.
+	fail := func(err error) (*Result, error) {
+		if gpu != nil {
+			err = gpu.rollback(err)
+			gpuOK = !gpu.stuck
+		}
+		return nil, err
+	}
+
 	// Images go to RAM when the tree's resident memory (about the image
 	// size), with a margin, fits there.
 	scratch, err := s.NewScratch("dump", rss+rss/4+256<<20)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
 	defer scratch.Remove()
 	images, work, err := criu.MakeDirs(scratch.Dir)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
-
+	res.ImagesInRAM = scratch.InRAM()
 	meta := Meta{
 		PID: o.PID, Processes: tree, CRIUVersion: criu.FormatVersion(criuVersion), Kernel: kernelRelease(),
 		LeaveRunning: o.LeaveRunning, ShellJob: o.CRIU.ShellJob, TCPEstablished: o.CRIU.TCPEstablished,
 		ExtUnixSockets: o.CRIU.ExtUnixSockets, FileLocks: o.CRIU.FileLocks, GPU: gpuMeta,
 	}
-	res := &Result{ImagesInRAM: scratch.InRAM()}
 	w := o.Writer
 	w.Progress = o.Progress
 	packer, err := fileset.NewPacker(ctx, pending, w)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
 	// Unless in fast mode, the memory images (pages-N.img, nearly all of
 	// the bytes) are streamed into the store while CRIU writes them.
@@ -209,26 +244,6 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			return nil
 		},
 	}
-	pauseStart := time.Now()
-	if gpu != nil {
-		// If stasis dies from here on, the watchdog resumes the job.
-		dog, err := startWatchdog(gpu.pids, s.LogPath("watchdog.log"))
-		if err != nil {
-			return nil, err
-		}
-		defer dog.release()
-		timeout := o.LockTimeout
-		if timeout <= 0 {
-			timeout = DefaultLockTimeout
-		}
-		err = gpu.lockAndCheckpoint(timeout)
-		res.GPULock, res.GPUCheckpoint = gpu.lockTime, gpu.checkpointTime
-		if err != nil {
-			packer.Abort()
-			finishFollowing()
-			return nil, gpu.rollback(err)
-		}
-	}
 	dumpStart := time.Now()
 	dumpErr := criu.Dump(o.CRIU, o.PID, images, work, hooks)
 	if followErr := finishFollowing(); followErr != nil && dumpErr == nil && !committed {
@@ -242,26 +257,29 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	}
 	if dumpErr != nil {
 		criu.KeepLog(dumpErr, s.KeepLog)
-		if committed {
-			// CRIU failed after the commit, so the tree was resumed: a
-			// checkpoint of a job that went on is not the job's state.
-			if err := s.Remove(res.Record.ID); err != nil {
-				dumpErr = errors.Join(dumpErr, err)
+		if !committed {
+			return fail(dumpErr)
+		}
+		// CRIU failed after the commit. The checkpoint is complete and
+		// stays, whether CRIU ended the tree or resumed it; a resumed
+		// tree gets its GPU side back.
+		state := "has ended"
+		if running(o.PID) {
+			state = "runs on"
+			if gpu != nil {
+				if err := gpu.resume(); err != nil {
+					gpuOK = false
+					dumpErr = errors.Join(dumpErr, err)
+				}
 			}
 		}
-		if gpu != nil {
-			return nil, gpu.rollback(dumpErr)
-		}
-		return nil, dumpErr
+		return nil, fmt.Errorf("checkpoint %s is stored, but CRIU reported an error after the commit (the job %s): %w", res.Record.ID, state, dumpErr)
 	}
 	resumed := time.Now()
+	var resumeErr error
 	if gpu != nil && o.LeaveRunning {
-		if err := gpu.resume(); err != nil {
-			what := "the checkpoint"
-			if res.Record != nil {
-				what = "checkpoint " + res.Record.ID
-			}
-			return nil, fmt.Errorf("%s is taken, but the job could not be resumed: %w", what, err)
+		if resumeErr = gpu.resume(); resumeErr != nil {
+			gpuOK = false
 		}
 		res.GPUResume = time.Since(resumed)
 	}
@@ -270,18 +288,22 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	}
 	res.Dump = imagesDone.Sub(dumpStart)
 	if o.Fast {
-		// The job runs again: now compress, checksum and commit.
+		// The job runs again: now compress, checksum and commit (the
+		// images are complete even if the GPU side could not resume).
 		storeStart := time.Now()
 		rec, err := commit(pending, packer, images, work, meta)
 		if err != nil {
 			packer.Abort()
-			return nil, fmt.Errorf("the job runs on, but its checkpoint could not be stored: %w", err)
+			return nil, errors.Join(fmt.Errorf("the job runs on, but its checkpoint could not be stored: %w", err), resumeErr)
 		}
 		committed = true
 		res.Record = rec
 		res.Store = time.Since(storeStart)
 	} else {
 		res.Store = resumed.Sub(imagesDone)
+	}
+	if resumeErr != nil {
+		return nil, fmt.Errorf("checkpoint %s is stored, but the job's GPU side could not be resumed (the watchdog tries again; so does `stasis recover`): %w", res.Record.ID, resumeErr)
 	}
 	res.Total = time.Since(start)
 	return res, nil

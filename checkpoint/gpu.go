@@ -32,6 +32,8 @@ type gpuSession struct {
 	checkpointed []int
 	// How long the locks and the checkpoints took.
 	lockTime, checkpointTime time.Duration
+	// stuck is set when a resume failed: the job may be left locked.
+	stuck bool
 }
 
 // lockAndCheckpoint locks every CUDA process (waiting up to timeout for
@@ -75,6 +77,7 @@ func (g *gpuSession) resume() error {
 		}
 	}
 	g.locked = nil
+	g.stuck = len(errs) > 0
 	if len(errs) > 0 {
 		return fmt.Errorf("could not resume the GPU side (run `stasis recover`): %w", errors.Join(errs...))
 	}

@@ -143,3 +143,20 @@ func PIDHolder(pid int) string {
 	}
 	return fmt.Sprintf("%s (%s)", name, state)
 }
+
+// running reports whether pid exists and is not a zombie.
+func running(pid int) bool {
+	_, err := readProcess(pid)
+	return err == nil
+}
+
+// treeRSS adds up the resident memory of the tree's processes now.
+func treeRSS(tree []Process) int64 {
+	var rss int64
+	for _, p := range tree {
+		if now, err := readProcess(p.PID); err == nil {
+			rss += now.RSSBytes
+		}
+	}
+	return rss
+}

@@ -57,14 +57,20 @@ func startWatchdog(pids []int, logPath string) (*watchdog, error) {
 	return &watchdog{pipe: w, cmd: cmd}, nil
 }
 
-// release tells the watchdog the job needs no rescue and reaps it.
-func (w *watchdog) release() {
+// release ends the watchdog: with ok, the job needs no rescue; without,
+// the pipe just closes and the watchdog tries to resume the job itself
+// (after stasis is gone: release does not wait for it then).
+func (w *watchdog) release(ok bool) {
 	if w == nil {
 		return
 	}
-	w.pipe.WriteString(watchdogDone)
+	if ok {
+		w.pipe.WriteString(watchdogDone)
+	}
 	w.pipe.Close()
-	w.cmd.Wait()
+	if ok {
+		w.cmd.Wait()
+	}
 }
 
 // RunWatchdog is the watchdog process: args are the log path and the PIDs.
@@ -101,7 +107,10 @@ func RunWatchdog(args []string) int {
 		report(map[string]string{"error": err.Error()})
 		return 1
 	}
-	done := Recover(drv, pids, 2*time.Minute)
+	// A CRIU dump still running on the job (stasis died during it) keeps
+	// it traced; it may take long for large jobs, so wait for it as long
+	// as it runs.
+	done := Recover(drv, pids, 24*time.Hour)
 	report(map[string]any{"time": time.Now().UTC(), "orchestrator": "died mid-checkpoint", "recovered": done})
 	for _, r := range done {
 		if !r.OK {

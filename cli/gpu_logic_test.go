@@ -292,3 +292,27 @@ func TestGPUWatchdog(t *testing.T) {
 		t.Fatalf("watchdog report: %s", report)
 	}
 }
+
+// TestGPUResumeFailureKeepsCheckpoint makes the CUDA restore fail after a
+// --leave-running checkpoint is committed: the error says the checkpoint is
+// stored and the job is stuck, the checkpoint is listed, and once the
+// driver works again `stasis recover` brings the job back.
+func TestGPUResumeFailureKeepsCheckpoint(t *testing.T) {
+	f := newFakeDriver(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := f.start(t, out)
+	f.set(t, "fail-restore", "")
+	r := run(t, home, "checkpoint", "--pid", strconv.Itoa(pid), "--leave-running")
+	expectCode(t, r, cli.ExitError, `checkpoint [0-9a-f-]+ is stored, but the job's GPU side could not be resumed`)
+	if recs := list(t, home); len(recs) != 1 {
+		t.Fatalf("the stored checkpoint is not listed: %+v", recs)
+	}
+	os.Remove(filepath.Join(f.dir, "fail-restore"))
+	// The watchdog tried while the driver still failed; recover now.
+	mustRun(t, home, "recover", "--pid", strconv.Itoa(pid))
+	if s := f.state(t, pid); s != "0" {
+		t.Fatalf("GPU state %s after recover", s)
+	}
+	waitCounting(t, out, len(counts(t, out))+3)
+}

@@ -362,9 +362,15 @@ func writeFiles(ctx context.Context, s *catalog.Store, m *catalog.Manifest, file
 		}
 		err = f.Truncate(e.Size)
 		if err == nil && e.Size >= mapThreshold {
-			// A file that cannot be mapped is written with pwrite.
-			if m, merr := unix.Mmap(int(f.Fd()), 0, int(e.Size), unix.PROT_WRITE, unix.MAP_SHARED); merr == nil {
-				mapped[local(e)] = m
+			// Writing through a mapping cannot report a full disk (the
+			// process would get SIGBUS), so the space is reserved first;
+			// a file system that cannot reserve gets pwrite.
+			if ferr := unix.Fallocate(int(f.Fd()), 0, 0, e.Size); ferr == nil {
+				if m, merr := unix.Mmap(int(f.Fd()), 0, int(e.Size), unix.PROT_WRITE, unix.MAP_SHARED); merr == nil {
+					mapped[local(e)] = m
+				}
+			} else if errors.Is(ferr, unix.ENOSPC) || errors.Is(ferr, unix.EDQUOT) {
+				err = ferr
 			}
 		}
 		if cerr := f.Close(); err == nil {

@@ -73,7 +73,7 @@ func (k *Packer) Follow(dir string, match func(name string) bool, stop <-chan st
 		}
 		later := func() bool {
 			names, err := matching(dir, match)
-			return err == nil && len(names) > 0 && names[len(names)-1] > next
+			return err == nil && len(names) > 0 && names[len(names)-1] != next
 		}
 		if err := k.follow(filepath.Join(dir, next), next, later, stop); err != nil {
 			return err
@@ -152,7 +152,13 @@ func matching(dir string, match func(string) bool) ([]string, error) {
 			names = append(names, e.Name())
 		}
 	}
-	sort.Strings(names)
+	// pages-2.img before pages-10.img: shorter names first.
+	sort.Slice(names, func(i, j int) bool {
+		if len(names[i]) != len(names[j]) {
+			return len(names[i]) < len(names[j])
+		}
+		return names[i] < names[j]
+	})
 	return names, nil
 }
 

@@ -108,7 +108,7 @@ func (r *Reader) Stream(ctx context.Context, chunks []Chunk, o ReadOptions, fn f
 	if workers <= 0 {
 		workers = DefaultWorkers()
 	}
-	var bufSize int64
+	bufSize := int64(Alignment)
 	for _, c := range chunks {
 		bufSize = max(bufSize, c.Extent(), c.Raw)
 	}
@@ -283,7 +283,7 @@ func (r *Reader) ForEach(ctx context.Context, chunks []Chunk, o ReadOptions, fn 
 		workers = DefaultWorkers()
 	}
 	workers = min(workers, len(chunks))
-	var bufSize int64
+	bufSize := int64(Alignment)
 	for _, c := range chunks {
 		bufSize = max(bufSize, c.Extent(), c.Raw)
 	}

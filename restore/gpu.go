@@ -81,6 +81,13 @@ func gpuPlan(meta *checkpoint.GPUMeta, drv *cuda.Driver, gpuMap map[string]strin
 	if !remapped {
 		return nil, nil // the same GPUs: no pairs
 	}
+	seen := map[[16]byte]bool{}
+	for _, p := range pairs {
+		if seen[p.New] && !force {
+			return nil, fmt.Errorf("%w: two GPUs of the checkpoint would go to %s (complete --gpu-map, or --force)", ErrIncompatible, cuda.FormatUUID(p.New))
+		}
+		seen[p.New] = true
+	}
 	return pairs, nil
 }
 

@@ -60,6 +60,11 @@ func TestGPUPlan(t *testing.T) {
 	if _, err := gpuPlan(meta(fake(0, standInUUID)), drv, gm, false); !errors.Is(err, ErrIncompatible) {
 		t.Fatalf("map to a missing GPU: %v", err)
 	}
+	// A partial map that would put two GPUs of the checkpoint on one.
+	gm, _ = ParseGPUMap(other + "=" + standInUUID)
+	if _, err := gpuPlan(meta(fake(0, other), fake(1, standInUUID)), drv, gm, false); !errors.Is(err, ErrIncompatible) {
+		t.Fatalf("two GPUs onto one: %v", err)
+	}
 	// A checkpoint that used a second GPU this machine lacks.
 	if _, err := gpuPlan(meta(fake(0, standInUUID), fake(1, other)), drv, nil, false); !errors.Is(err, ErrIncompatible) {
 		t.Fatalf("missing GPU 1: %v", err)

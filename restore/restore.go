@@ -110,7 +110,7 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 	if meta.GPU != nil {
 		t := time.Now()
 		if err := resumeGPU(drv, meta.GPU.PIDs, pairs); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("restored as PID %d, but: %w", pid, err)
 		}
 		res.GPU = time.Since(t)
 	}
