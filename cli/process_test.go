@@ -432,3 +432,63 @@ func TestCheckpointFast(t *testing.T) {
 	restorePID(t, home, res.Record.ID)
 	waitCounting(t, out, len(counts(t, out))+5)
 }
+
+// tracedBy returns the PID tracing pid (0 when none).
+func tracedBy(pid int) int {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
+}
+
+// TestCtrlCDuringDump sends SIGINT to stasis's whole process group, as a
+// terminal's Ctrl-C does, while CRIU has the job seized. CRIU runs in a
+// process group of its own, so it is not killed mid-dump; stasis cancels,
+// CRIU resumes the job, and nothing is listed.
+func TestCtrlCDuringDump(t *testing.T) {
+	requireCRIU(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := startDetached(t, "python3", "testdata/memory.py", out, "512")
+	waitCounting(t, out, 3)
+	cmd := exec.Command(stasisBin, "checkpoint", "--pid", strconv.Itoa(pid))
+	cmd.Env = append(os.Environ(), "STASIS_HOME="+home)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); tracedBy(pid) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("CRIU never seized the job")
+		}
+	}
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+	err := cmd.Wait()
+	ee, ok := err.(*exec.ExitError)
+	if !ok {
+		t.Skipf("the checkpoint finished before the signal arrived (%v)", err)
+	}
+	if ee.ExitCode() != cli.ExitInterrupted {
+		t.Fatalf("exit %d after Ctrl-C, want %d", ee.ExitCode(), cli.ExitInterrupted)
+	}
+	for deadline := time.Now().Add(20 * time.Second); tracedBy(pid) != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the job is still seized after the interrupted checkpoint")
+		}
+	}
+	waitCounting(t, out, len(counts(t, out))+5)
+	if recs := list(t, home); len(recs) != 0 {
+		t.Fatalf("an interrupted checkpoint is listed: %+v", recs)
+	}
+}

@@ -22,6 +22,7 @@ import (
 
 	gocriu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -271,10 +272,40 @@ func Restore(o Options, imagesDir, workDir string, hooks Hooks) (int, error) {
 	return pid, err
 }
 
+// launcherEnv names, in the environment of `criu swrk`'s launcher, the
+// criu binary it must exec (see Launch).
+const launcherEnv = "STASIS_CRIU_SWRK"
+
+// Launch is what this binary does when go-criu starts it in place of criu
+// (args: "swrk", fd): it moves into a process group of its own, so that a
+// Ctrl-C in a terminal, sent to stasis's whole process group, does not
+// reach CRIU (killed mid-dump, CRIU would leave its parasite code inside
+// the job), then becomes the real criu, the swrk socket still open. It
+// returns only on failure. ok is false when this process was not started
+// as a launcher.
+func Launch(args []string) (ok bool, err error) {
+	criuPath := os.Getenv(launcherEnv)
+	if criuPath == "" || len(args) == 0 || args[0] != "swrk" {
+		return false, nil
+	}
+	if err := unix.Setpgid(0, 0); err != nil {
+		return true, fmt.Errorf("criu launcher: setpgid: %w", err)
+	}
+	os.Unsetenv(launcherEnv)
+	return true, unix.Exec(criuPath, append([]string{criuPath}, args...), os.Environ())
+}
+
 func run(op string, o Options, imagesDir, workDir, logName string, hooks Hooks, do func(*gocriu.Criu, *rpc.CriuOpts, gocriu.Notify) error) error {
 	path, _, err := Resolve(o.Path)
 	if err != nil {
 		return err
+	}
+	// go-criu starts the binary it is given with the swrk arguments; give
+	// it this binary, which (Launch) starts criu in its own process group.
+	if self, err := os.Executable(); err == nil {
+		os.Setenv(launcherEnv, path)
+		defer os.Unsetenv(launcherEnv)
+		path = self
 	}
 	images, err := os.Open(imagesDir)
 	if err != nil {

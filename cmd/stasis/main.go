@@ -2,15 +2,21 @@
 package main
 
 import (
+	"fmt"
 	"os"
 
 	"github.com/stasis-ckpt/stasis/checkpoint"
 	"github.com/stasis-ckpt/stasis/cli"
+	"github.com/stasis-ckpt/stasis/criu"
 )
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == checkpoint.WatchdogArg {
 		os.Exit(checkpoint.RunWatchdog(os.Args[2:]))
+	}
+	if launched, err := criu.Launch(os.Args[1:]); launched {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	os.Exit(cli.Run(os.Args, os.Stdout, os.Stderr))
 }
