@@ -26,7 +26,7 @@ func checkCuFile(o Options, libs *libFinder) []Check {
 		}}
 	}
 	return []Check{
-		{Name: "libcufile", Status: OK, Detail: lib.describe()},
+		{Name: "libcufile", Status: OK, Detail: lib.describe() + "; stasis does not use it yet: GPU tensors go through its own pinned-memory O_DIRECT path, which checksums every chunk on the host"},
 		gdsCheck(o),
 	}
 }

@@ -56,6 +56,15 @@ type Tensor struct {
 	Bytes int64
 }
 
+// Meta is what a tensors checkpoint records in its manifest's meta: the
+// path its bytes took, and why.
+type Meta struct {
+	IOPath string `json:"io_path"` // "pinned" (GPU memory through pinned chunk buffers) or "host"
+	Why    string `json:"why"`
+}
+
+const whyPinned = "GPU memory copied by the driver into pinned chunk buffers, checksummed and compressed on the host, written with O_DIRECT; cuFile is not used: stasis checksums every chunk on the host"
+
 // attrs is what a tensor entry records in the manifest.
 type attrs struct {
 	DType DType   `json:"dtype"`
@@ -191,6 +200,13 @@ func save(ctx context.Context, p *catalog.Pending, drv *cuda.Driver, ctxs map[st
 		return nil, err
 	}
 	p.Manifest.Files = []catalog.DataFile{{Name: dataFileName, Size: res.Size, RawSize: res.RawSize, ChunkSize: res.ChunkSize, Chunks: res.Chunks}}
+	meta := Meta{IOPath: "host", Why: "every buffer was in host memory"}
+	if drv != nil {
+		meta = Meta{IOPath: "pinned", Why: whyPinned}
+	}
+	if p.Manifest.Meta, err = json.Marshal(meta); err != nil {
+		return nil, err
+	}
 	return p.Commit()
 }
 

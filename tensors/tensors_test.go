@@ -3,6 +3,7 @@ package tensors
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -104,6 +105,10 @@ func TestHostRoundTrip(t *testing.T) {
 		if !bytes.Equal(into[i].Host, ts[i].Host) {
 			t.Errorf("%s: loaded bytes differ", ts[i].Name)
 		}
+	}
+	var meta Meta
+	if err := json.Unmarshal(m.Meta, &meta); err != nil || meta.IOPath != "host" {
+		t.Fatalf("manifest meta %s: %v", m.Meta, err)
 	}
 	desc, _ := Describe(m)
 	if len(desc) != 4 || desc[0].DType != "bf16" || fmt.Sprint(desc[0].Shape) != "[1024 3072]" {
@@ -231,6 +236,11 @@ func TestDeviceRoundTripWithStandIn(t *testing.T) {
 	}
 	if !bytes.Equal(src, dst) {
 		t.Fatal("the device buffer came back different")
+	}
+	m, _ := s.ReadManifest(rec.ID)
+	var meta Meta
+	if err := json.Unmarshal(m.Meta, &meta); err != nil || meta.IOPath != "pinned" || meta.Why == "" {
+		t.Fatalf("manifest meta %s: %v", m.Meta, err)
 	}
 	if reg, unreg := pinCounts(t); reg == 0 || reg != unreg {
 		t.Fatalf("pinned %d buffers, unpinned %d", reg, unreg)
