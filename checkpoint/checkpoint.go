@@ -210,7 +210,8 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		close(stopFollowing)
 		followed <- nil
 	} else {
-		go func() { followed <- packer.Follow(images, isPagesImage, stopFollowing) }()
+		// Streamed ranges of the RAM images are freed as they go.
+		go func() { followed <- packer.Follow(images, isPagesImage, stopFollowing, true) }()
 	}
 	finishFollowing := func() error {
 		select {

@@ -2,6 +2,7 @@ package fileset
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/gdswriter"
+	"golang.org/x/sys/unix"
 )
 
 // Packer writes the files of a directory into one data file of a pending
@@ -21,6 +23,7 @@ type Packer struct {
 	p       *catalog.Pending
 	w       *gdswriter.Writer
 	streams map[string]catalog.Entry // files streamed by Follow, by path
+	punched map[string]bool          // files whose streamed bytes Follow freed
 }
 
 // NewPacker starts the data file of p.
@@ -29,7 +32,7 @@ func NewPacker(ctx context.Context, p *catalog.Pending, o gdswriter.WriterOption
 	if err != nil {
 		return nil, err
 	}
-	return &Packer{ctx: ctx, p: p, w: w, streams: map[string]catalog.Entry{}}, nil
+	return &Packer{ctx: ctx, p: p, w: w, streams: map[string]catalog.Entry{}, punched: map[string]bool{}}, nil
 }
 
 // followPoll is how often Follow looks for new bytes when there were none.
@@ -38,11 +41,14 @@ const followPoll = 2 * time.Millisecond
 // Follow streams the files of dir that match, in name order, into the data
 // file as they grow: a file is followed until a later matching file
 // appears, or until stop is closed, after which Follow takes what is left
-// of each and returns. Files are only read, never trusted to be final:
-// AddDir checks each streamed file against its final size and stores a
-// file again, whole, if it changed after it was streamed. Follow must not
-// run at the same time as AddDir.
-func (k *Packer) Follow(dir string, match func(name string) bool, stop <-chan struct{}) error {
+// of each and returns. Files are never trusted to be final: AddDir checks
+// each streamed file against its final size and stores a file again,
+// whole, if it changed after it was streamed. With punch, Follow frees each
+// range of a file once it is in the writer (a hole punched into a scratch
+// file: memory back while CRIU still dumps); such a file cannot be stored
+// again, so a change to it makes AddDir fail. Follow must not run at the
+// same time as AddDir.
+func (k *Packer) Follow(dir string, match func(name string) bool, stop <-chan struct{}, punch bool) error {
 	done := map[string]bool{}
 	for {
 		stopping := false
@@ -75,7 +81,7 @@ func (k *Packer) Follow(dir string, match func(name string) bool, stop <-chan st
 			names, err := matching(dir, match)
 			return err == nil && len(names) > 0 && names[len(names)-1] != next
 		}
-		if err := k.follow(filepath.Join(dir, next), next, later, stop); err != nil {
+		if err := k.follow(filepath.Join(dir, next), next, later, stop, punch); err != nil {
 			return err
 		}
 		done[next] = true
@@ -84,8 +90,12 @@ func (k *Packer) Follow(dir string, match func(name string) bool, stop <-chan st
 
 // follow streams one file until it is complete as far as Follow can tell:
 // a later file exists (CRIU has moved on) or stop is closed.
-func (k *Packer) follow(path, name string, later func() bool, stop <-chan struct{}) error {
-	f, err := os.Open(path)
+func (k *Packer) follow(path, name string, later func() bool, stop <-chan struct{}, punch bool) error {
+	flag := os.O_RDONLY
+	if punch {
+		flag = os.O_RDWR
+	}
+	f, err := os.OpenFile(path, flag, 0)
 	if err != nil {
 		return err
 	}
@@ -112,6 +122,12 @@ func (k *Packer) follow(path, name string, later func() bool, stop <-chan struct
 		}
 		if avail > 0 {
 			n, err := k.w.ReadFrom(io.NewSectionReader(f, e.Size, avail))
+			if err == nil && punch && n > 0 {
+				// The bytes are in the writer's buffers now.
+				if perr := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, e.Size, n); perr == nil {
+					k.punched[name] = true
+				}
+			}
 			e.Size += n
 			if err != nil {
 				return err
@@ -180,7 +196,11 @@ func (k *Packer) AddDir(dir string) error {
 func (k *Packer) addSources(srcs []source) error {
 	for i := range srcs {
 		e := &srcs[i].entry
-		if streamed, ok := k.streams[e.Path]; ok && e.Type == catalog.EntryFile && streamed.Size == e.Size {
+		streamed, ok := k.streams[e.Path]
+		if ok && k.punched[e.Path] && (e.Type != catalog.EntryFile || streamed.Size != e.Size) {
+			return fmt.Errorf("%s changed after it was streamed and freed (%d bytes then, %d now); it cannot be stored", e.Path, streamed.Size, e.Size)
+		}
+		if ok && e.Type == catalog.EntryFile && streamed.Size == e.Size {
 			e.Offset = streamed.Offset
 		} else if e.Type == catalog.EntryFile {
 			e.Offset = k.w.Offset()

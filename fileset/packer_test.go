@@ -58,7 +58,7 @@ func TestPackerFollow(t *testing.T) {
 	stop := make(chan struct{})
 	followed := make(chan error, 1)
 	isPages := func(name string) bool { return strings.HasPrefix(name, "pages-") }
-	go func() { followed <- k.Follow(dir, isPages, stop) }()
+	go func() { followed <- k.Follow(dir, isPages, stop, false) }()
 
 	appendSlowly(t, filepath.Join(dir, "pages-1.img"), pages1, 1<<20)
 	appendSlowly(t, filepath.Join(dir, "pages-2.img"), pages2, 1<<20)
@@ -134,5 +134,67 @@ func TestUnpackLeavesZerosAsHoles(t *testing.T) {
 	var st = statBlocks(t, filepath.Join(out, "f"))
 	if st*512 >= int64(len(data)) {
 		t.Errorf("the file uses %d bytes on disk for %d bytes with %d of zeros", st*512, len(data), 16*chunk)
+	}
+}
+
+// TestPackerFollowPunch frees what it streamed: the followed file reads as
+// zeros behind the stream and takes no space, the checkpoint still holds
+// every byte, and a freed file that changes makes AddDir fail instead of
+// storing zeros.
+func TestPackerFollowPunch(t *testing.T) {
+	for _, change := range []bool{false, true} {
+		s := mustStore(t)
+		dir := t.TempDir()
+		pages := randBytes(6*gdswriter.DefaultChunkSize+99, 4)
+		p, err := s.Begin(catalog.KindProcess, "punch", 1, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, err := fileset.NewPacker(context.Background(), p, gdswriter.WriterOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		followed := make(chan error, 1)
+		go func() {
+			followed <- k.Follow(dir, func(n string) bool { return strings.HasPrefix(n, "pages-") }, stop, true)
+		}()
+		appendSlowly(t, filepath.Join(dir, "pages-1.img"), pages, 1<<20)
+		close(stop)
+		if err := <-followed; err != nil {
+			t.Fatal(err)
+		}
+		if blocks := statBlocks(t, filepath.Join(dir, "pages-1.img")); blocks*512 >= int64(len(pages))/2 {
+			t.Errorf("the streamed file still takes %d bytes", blocks*512)
+		}
+		if change {
+			f, _ := os.OpenFile(filepath.Join(dir, "pages-1.img"), os.O_WRONLY|os.O_APPEND, 0)
+			f.Write([]byte("late"))
+			f.Close()
+			if err := k.AddDir(dir); err == nil || !strings.Contains(err.Error(), "changed after it was streamed and freed") {
+				t.Fatalf("a freed file that changed: %v", err)
+			}
+			k.Abort()
+			p.Abort()
+			continue
+		}
+		if err := k.AddDir(dir); err != nil {
+			t.Fatal(err)
+		}
+		if err := k.Close(); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := p.Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, _ := s.ReadManifest(rec.ID)
+		out := t.TempDir()
+		if err := fileset.Unpack(context.Background(), s, m, out, fileset.LoadOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := os.ReadFile(filepath.Join(out, "pages-1.img")); !bytes.Equal(got, pages) {
+			t.Fatal("the checkpoint does not hold the streamed bytes")
+		}
 	}
 }
