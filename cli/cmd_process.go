@@ -89,6 +89,7 @@ func (e *env) restoreCommand() *ucli.Command {
 			&ucli.DurationFlag{Name: "pid-wait", Value: 5 * time.Second, Usage: "how long to wait for the checkpoint's PIDs to become free"},
 			&ucli.StringFlag{Name: "gpu-map", Usage: "OLD-UUID=NEW-UUID,...: restore GPU state onto other GPUs (default: the same GPUs, or the same index when they are not here)"},
 			&ucli.BoolFlag{Name: "force", Usage: "restore even if the driver version or GPU models differ"},
+			&ucli.BoolFlag{Name: "new-pidns", Usage: "restore into a new PID namespace, where the tree gets its own PIDs even if they are taken here"},
 			&ucli.BoolFlag{Name: "json", Usage: "print the PID and timings as JSON"},
 		),
 		Action: func(c *ucli.Context) error {
@@ -100,14 +101,14 @@ func (e *env) restoreCommand() *ucli.Command {
 			if err != nil {
 				return usagef(err.Error())
 			}
-			res, err := restore.Run(c.Context, s, rec.ID, restore.Options{PIDWait: c.Duration("pid-wait"), Read: catalog.ReadOptions{}, GPUMap: gpuMap, Force: c.Bool("force")})
+			res, err := restore.Run(c.Context, s, rec.ID, restore.Options{PIDWait: c.Duration("pid-wait"), Read: catalog.ReadOptions{}, GPUMap: gpuMap, Force: c.Bool("force"), NewPIDNS: c.Bool("new-pidns")})
 			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
 				return printJSON(e.stdout, map[string]any{
 					"id": rec.ID, "pid": res.PID, "unpack_seconds": res.Unpack.Seconds(), "criu_seconds": res.CRIU.Seconds(),
-					"gpu_seconds": res.GPU.Seconds(), "gpu_remapped": len(res.GPUPairs) > 0,
+					"gpu_seconds": res.GPU.Seconds(), "gpu_remapped": len(res.GPUPairs) > 0, "pid_inside_namespace": res.PIDInside,
 					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM,
 				})
 			}

@@ -492,3 +492,60 @@ func TestCtrlCDuringDump(t *testing.T) {
 		t.Fatalf("an interrupted checkpoint is listed: %+v", recs)
 	}
 }
+
+// nsPIDs returns a process's PIDs, outermost first (NSpid).
+func nsPIDs(t *testing.T, pid int) []int {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			var ids []int
+			for _, f := range strings.Fields(v) {
+				n, _ := strconv.Atoi(f)
+				ids = append(ids, n)
+			}
+			return ids
+		}
+	}
+	return nil
+}
+
+// TestRestoreNewPIDNS restores a checkpoint while the original still holds
+// its PID: refused with the way out named, then restored into a new PID
+// namespace, where the copy has its old PID, and both run. When the copy
+// ends, so does the namespace's init.
+func TestRestoreNewPIDNS(t *testing.T) {
+	requireCRIU(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(tmp, "count")
+	pid := startDetached(t, "testdata/counter.sh", out)
+	waitCounting(t, out, 3)
+	id := checkpointPID(t, home, pid, "--leave-running")
+	expectCode(t, run(t, home, "restore", "--pid-wait", "100ms", id), cli.ExitPIDInUse, `restore into a new PID namespace \(--new-pidns\)`)
+
+	copyPID := restorePID(t, home, "--new-pidns", id)
+	ids := nsPIDs(t, copyPID)
+	if len(ids) != 2 || ids[0] != copyPID || ids[1] != pid {
+		t.Fatalf("the copy's PIDs (outermost first) are %v; want [%d %d]", ids, copyPID, pid)
+	}
+	if !alive(pid) || !alive(copyPID) {
+		t.Fatalf("original alive %v, copy alive %v", alive(pid), alive(copyPID))
+	}
+	// Both count into the same file now: it grows twice as fast, and the
+	// copy goes on from the checkpoint's count.
+	waitCounting(t, out, len(counts(t, out))+10)
+
+	initPID := 0
+	if ppid, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", copyPID)); err == nil {
+		fields := strings.Fields(string(ppid))
+		initPID, _ = strconv.Atoi(fields[3])
+	}
+	if initPID == 0 || !alive(initPID) {
+		t.Fatalf("no namespace init above the copy (parent %d)", initPID)
+	}
+	killTree(copyPID)
+	waitGone(t, initPID)
+}

@@ -35,12 +35,17 @@ type Options struct {
 	GPUMap map[string]string
 	// Force restores even when the driver version or GPU models differ.
 	Force bool
+	// NewPIDNS restores into a new PID namespace, where the tree gets its
+	// own PIDs whatever holds them here.
+	NewPIDNS bool
 }
 
 // Result reports a restore.
 type Result struct {
-	PID      int
-	Manifest *catalog.Manifest
+	PID int // as this machine's (host) PID namespace sees it
+	// PIDInside is the root's PID inside its new namespace (NewPIDNS).
+	PIDInside int
+	Manifest  *catalog.Manifest
 	// Unpack is reading and verifying the images; CRIU its restore; GPU
 	// the CUDA restore and unlock.
 	Unpack, CRIU, GPU, Total time.Duration
@@ -79,8 +84,10 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 			return nil, err
 		}
 	}
-	if err := waitForPIDs(ctx, meta, o.PIDWait); err != nil {
-		return nil, err
+	if !o.NewPIDNS {
+		if err := waitForPIDs(ctx, meta, o.PIDWait); err != nil {
+			return nil, err
+		}
 	}
 
 	scratch, err := s.NewScratch("restore", m.Bytes+m.Bytes/4+256<<20)
@@ -97,19 +104,39 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 		return nil, err
 	}
 	unpacked := time.Now()
-	// A PID may have been taken while we unpacked.
-	if err := waitForPIDs(ctx, meta, 0); err != nil {
-		return nil, err
+	var pid, inside int
+	if o.NewPIDNS {
+		pid, inside, err = restoreInNewPIDNS(co, images, work)
+	} else {
+		// A PID may have been taken while we unpacked.
+		if err := waitForPIDs(ctx, meta, 0); err != nil {
+			return nil, err
+		}
+		pid, err = criu.Restore(co, images, work, criu.Hooks{})
 	}
-	pid, err := criu.Restore(co, images, work, criu.Hooks{})
 	if err != nil {
 		criu.KeepLog(err, s.KeepLog)
 		return nil, err
 	}
-	res := &Result{PID: pid, Manifest: m, ImagesInRAM: scratch.InRAM(), Unpack: unpacked.Sub(start), CRIU: time.Since(unpacked), GPUPairs: pairs}
+	res := &Result{PID: pid, PIDInside: inside, Manifest: m, ImagesInRAM: scratch.InRAM(), Unpack: unpacked.Sub(start), CRIU: time.Since(unpacked), GPUPairs: pairs}
 	if meta.GPU != nil {
 		t := time.Now()
-		if err := resumeGPU(drv, meta.GPU.PIDs, pairs); err != nil {
+		gpuPIDs := meta.GPU.PIDs
+		if o.NewPIDNS {
+			// The driver works with PIDs as this namespace sees them.
+			gpuPIDs = nil
+			for _, p := range meta.GPU.PIDs {
+				host, ok := hostPIDOf(pid, p)
+				if p == inside {
+					host, ok = pid, true
+				}
+				if !ok {
+					return nil, fmt.Errorf("restored as PID %d, but CUDA process %d of the tree is not found", pid, p)
+				}
+				gpuPIDs = append(gpuPIDs, host)
+			}
+		}
+		if err := resumeGPU(drv, gpuPIDs, pairs); err != nil {
 			return nil, fmt.Errorf("restored as PID %d, but: %w", pid, err)
 		}
 		res.GPU = time.Since(t)
@@ -127,7 +154,7 @@ func waitForPIDs(ctx context.Context, meta checkpoint.Meta, wait time.Duration) 
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: PID %d is held by %s; CRIU restores the exact PIDs, so wait for it to go (retry with --pid-wait 30s) or end it", ErrPIDInUse, pid, holder)
+			return fmt.Errorf("%w: PID %d is held by %s; CRIU restores the exact PIDs, so wait for it to go (retry with --pid-wait 30s), end it, or restore into a new PID namespace (--new-pidns)", ErrPIDInUse, pid, holder)
 		}
 		select {
 		case <-ctx.Done():

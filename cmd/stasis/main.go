@@ -8,11 +8,15 @@ import (
 	"github.com/stasis-ckpt/stasis/checkpoint"
 	"github.com/stasis-ckpt/stasis/cli"
 	"github.com/stasis-ckpt/stasis/criu"
+	"github.com/stasis-ckpt/stasis/restore"
 )
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == checkpoint.WatchdogArg {
 		os.Exit(checkpoint.RunWatchdog(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == restore.PIDNSInitArg {
+		os.Exit(restore.RunPIDNSInit(os.Args[2:]))
 	}
 	if launched, err := criu.Launch(os.Args[1:]); launched {
 		fmt.Fprintln(os.Stderr, err)
