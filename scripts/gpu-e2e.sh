@@ -136,5 +136,18 @@ else
 fi
 stop "$pid"
 
+# 6. A copy restored into a new PID namespace while the original runs:
+#    both go on with correct data on the GPU.
+log=$dir/pidns.log; pid=$(start "$log")
+id=$("$stasis" checkpoint --pid "$pid" --leave-running --job pidns 2>/dev/null)
+copy=$("$stasis" restore "$id" --new-pidns 2>&1 | tail -1)
+if [[ "$copy" =~ ^[0-9]+$ ]] && [ -d /proc/"$copy" ] && [ -d /proc/"$pid" ] && healthy "$log"; then
+	pass new-pidns "copy PID $copy ($(grep NSpid /proc/$copy/status | tr -s '\t' ' ')) beside the original $pid; $(tail -1 "$log")"
+else
+	fail new-pidns "restore: $copy; $(tail -2 "$log")"
+fi
+[[ "$copy" =~ ^[0-9]+$ ]] && stop "$copy"
+stop "$pid"
+
 echo "== $failures failed"
 exit $((failures > 0))
