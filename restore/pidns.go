@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -58,6 +59,11 @@ func restoreInNewPIDNS(co criu.Options, images, work string) (hostPID, nsPID int
 	if decErr != nil || rep.Error != "" || rep.PID == 0 {
 		cmd.Process.Kill()
 		cmd.Wait()
+		if log := filepath.Join(work, criu.RestoreLog); rep.Error != "" && fileExists(log) {
+			// CRIU ran and failed: the same error as a restore here,
+			// so that the caller keeps the log.
+			return 0, 0, &criu.Error{Op: "restore", Err: errors.New(rep.Error), Log: log, Excerpt: criu.ErrorLines(log, 6)}
+		}
 		if rep.Error != "" {
 			return 0, 0, errors.New(rep.Error)
 		}
@@ -70,6 +76,11 @@ func restoreInNewPIDNS(co criu.Options, images, work string) (hostPID, nsPID int
 		return 0, 0, fmt.Errorf("restored PID %d inside the namespace, but cannot find it outside", rep.PID)
 	}
 	return host, rep.PID, nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // hostPIDOf finds, among the descendants of init (a host PID), the process

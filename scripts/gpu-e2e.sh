@@ -136,18 +136,26 @@ else
 fi
 stop "$pid"
 
-# 6. A copy restored into a new PID namespace while the original runs:
-#    both go on with correct data on the GPU.
+# 6. The job ended and another process took its PID: the restore is
+#    refused (exit 9) and works with --new-pidns, data intact.
 log=$dir/pidns.log; pid=$(start "$log")
-id=$("$stasis" checkpoint --pid "$pid" --leave-running --job pidns 2>/dev/null)
-copy=$("$stasis" restore "$id" --new-pidns 2>&1 | tail -1)
-if [[ "$copy" =~ ^[0-9]+$ ]] && [ -d /proc/"$copy" ] && [ -d /proc/"$pid" ] && healthy "$log"; then
-	pass new-pidns "copy PID $copy ($(grep NSpid /proc/$copy/status | tr -s '\t' ' ')) beside the original $pid; $(tail -1 "$log")"
+id=$("$stasis" checkpoint --pid "$pid" --job pidns 2>/dev/null)
+gone "$pid"
+echo $((pid - 1)) >/proc/sys/kernel/ns_last_pid
+sh -c 'exec sleep 600' & holder=$!
+if [ "$holder" != "$pid" ]; then
+	fail new-pidns "could not take PID $pid for the test (got $holder)"
 else
-	fail new-pidns "restore: $copy; $(tail -2 "$log")"
+	"$stasis" restore "$id" --pid-wait 100ms >/dev/null 2>&1; rc=$?
+	copy=$("$stasis" restore "$id" --new-pidns 2>&1 | tail -1)
+	if [ $rc -eq 9 ] && [[ "$copy" =~ ^[0-9]+$ ]] && healthy "$log"; then
+		pass new-pidns "PID $pid taken (exit 9), restored as $copy ($(grep NSpid /proc/$copy/status | tr -s '\t' ' ')); $(tail -1 "$log")"
+	else
+		fail new-pidns "plain restore rc=$rc; --new-pidns: $copy; $(tail -2 "$log")"
+	fi
+	[[ "$copy" =~ ^[0-9]+$ ]] && stop "$copy"
 fi
-[[ "$copy" =~ ^[0-9]+$ ]] && stop "$copy"
-stop "$pid"
+kill "$holder" 2>/dev/null
 
 echo "== $failures failed"
 exit $((failures > 0))
