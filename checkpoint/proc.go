@@ -55,37 +55,42 @@ func Tree(pid int) ([]Process, error) {
 			continue // a child that exited meanwhile
 		}
 		tree = append(tree, info)
-		kids, _ := children(p)
+		kids, _ := Children(p)
 		queue = append(queue, kids...)
 	}
 	return tree, nil
 }
 
+// Status reads /proc/PID/status: each field's value, trimmed, by name.
+func Status(pid int) (map[string]string, error) {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return nil, err
+	}
+	fields := map[string]string{}
+	for _, line := range strings.Split(string(data), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			fields[k] = strings.TrimSpace(v)
+		}
+	}
+	return fields, nil
+}
+
 func readProcess(pid int) (Process, error) {
 	dir := filepath.Join("/proc", strconv.Itoa(pid))
-	status, err := os.ReadFile(filepath.Join(dir, "status"))
+	status, err := Status(pid)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return Process{}, fmt.Errorf("%w: PID %d", ErrNoProcess, pid)
 		}
 		return Process{}, err
 	}
-	p := Process{PID: pid}
-	for _, line := range strings.Split(string(status), "\n") {
-		k, v, _ := strings.Cut(line, ":")
-		v = strings.TrimSpace(v)
-		switch k {
-		case "Name":
-			p.Comm = v
-		case "State":
-			if strings.HasPrefix(v, "Z") {
-				return Process{}, fmt.Errorf("%w: PID %d is a zombie", ErrNoProcess, pid)
-			}
-		case "VmRSS":
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(v, " kB"), 10, 64)
-			p.RSSBytes = kb << 10
-		}
+	if strings.HasPrefix(status["State"], "Z") {
+		return Process{}, fmt.Errorf("%w: PID %d is a zombie", ErrNoProcess, pid)
 	}
+	p := Process{PID: pid, Comm: status["Name"]}
+	kb, _ := strconv.ParseInt(strings.TrimSuffix(status["VmRSS"], " kB"), 10, 64)
+	p.RSSBytes = kb << 10
 	p.Exe, _ = os.Readlink(filepath.Join(dir, "exe"))
 	if tasks, err := os.ReadDir(filepath.Join(dir, "task")); err == nil {
 		for _, t := range tasks {
@@ -102,7 +107,8 @@ func readProcess(pid int) (Process, error) {
 	return p, nil
 }
 
-func children(pid int) ([]int, error) {
+// Children lists the PIDs of pid's children (those of all its threads).
+func Children(pid int) ([]int, error) {
 	tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
 	if err != nil {
 		return nil, err
@@ -124,19 +130,13 @@ func children(pid int) ([]int, error) {
 
 // PIDHolder describes the process that holds pid, or "" when pid is free.
 func PIDHolder(pid int) string {
-	status, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	status, err := Status(pid)
 	if err != nil {
 		return ""
 	}
-	name, state := "?", "?"
-	for _, line := range strings.Split(string(status), "\n") {
-		k, v, _ := strings.Cut(line, ":")
-		switch k {
-		case "Name":
-			name = strings.TrimSpace(v)
-		case "State":
-			state = strings.TrimSpace(v)
-		}
+	name, state := status["Name"], status["State"]
+	if name == "" {
+		name = "?"
 	}
 	if strings.HasPrefix(state, "Z") {
 		return fmt.Sprintf("%s, a zombie its parent has not reaped yet", name)

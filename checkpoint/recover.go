@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/stasis-ckpt/stasis/cuda"
@@ -73,17 +72,12 @@ func recoverOne(drv *cuda.Driver, pid int, wait time.Duration) Recovered {
 
 // tracer returns the PID tracing pid (0 when none).
 func tracer(pid int) int {
-	status, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	status, err := Status(pid)
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n
-		}
-	}
-	return 0
+	n, _ := strconv.Atoi(status["TracerPid"])
+	return n
 }
 
 func allCUDAProcesses() []int {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/stasis-ckpt/stasis/checkpoint"
 	"github.com/stasis-ckpt/stasis/criu"
 	"golang.org/x/sys/unix"
 )
@@ -93,15 +94,8 @@ func hostPIDOf(init, nsPID int) (int, bool) {
 		if p != init && innermostPID(p) == nsPID {
 			return p, true
 		}
-		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p))
-		for _, t := range tasks {
-			kids, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", p, t.Name()))
-			for _, k := range strings.Fields(string(kids)) {
-				if n, err := strconv.Atoi(k); err == nil {
-					queue = append(queue, n)
-				}
-			}
-		}
+		kids, _ := checkpoint.Children(p)
+		queue = append(queue, kids...)
 	}
 	return 0, false
 }
@@ -109,20 +103,16 @@ func hostPIDOf(init, nsPID int) (int, bool) {
 // innermostPID reads the last NSpid of a process: its PID in its own
 // namespace.
 func innermostPID(pid int) int {
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	status, err := checkpoint.Status(pid)
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
-			f := strings.Fields(v)
-			if len(f) > 0 {
-				n, _ := strconv.Atoi(f[len(f)-1])
-				return n
-			}
-		}
+	f := strings.Fields(status["NSpid"])
+	if len(f) == 0 {
+		return 0
 	}
-	return 0
+	n, _ := strconv.Atoi(f[len(f)-1])
+	return n
 }
 
 // RunPIDNSInit is the init of the new PID namespace: it gives the namespace
