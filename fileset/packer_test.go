@@ -35,6 +35,31 @@ func appendSlowly(t *testing.T, path string, data []byte, piece int) {
 	}
 }
 
+// commitAndUnpack adds the rest of dir, commits the checkpoint and unpacks
+// it into a new directory, which it returns with the manifest.
+func commitAndUnpack(t *testing.T, s *catalog.Store, k *fileset.Packer, p *catalog.Pending, dir string) (*catalog.Manifest, string) {
+	t.Helper()
+	if err := k.AddDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := p.Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.ReadManifest(rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	if err := fileset.Unpack(context.Background(), s, m, out, fileset.LoadOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return m, out
+}
+
 // TestPackerFollow streams two growing files while they are written, then
 // adds the rest of the directory, including one followed file that was
 // rewritten after it was streamed: it must be stored again, whole. Loading
@@ -74,24 +99,7 @@ func TestPackerFollow(t *testing.T) {
 	if err := <-followed; err != nil {
 		t.Fatal(err)
 	}
-	if err := k.AddDir(dir); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Close(); err != nil {
-		t.Fatal(err)
-	}
-	rec, err := p.Commit()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := s.ReadManifest(rec.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := t.TempDir()
-	if err := fileset.Unpack(context.Background(), s, m, out, fileset.LoadOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	m, out := commitAndUnpack(t, s, k, p, dir)
 	for name, want := range map[string][]byte{"pages-1.img": rewritten, "pages-2.img": pages2, "core-1.img": []byte("core")} {
 		got, err := os.ReadFile(filepath.Join(out, name))
 		if err != nil || !bytes.Equal(got, want) {
@@ -178,21 +186,7 @@ func TestPackerFollowPunch(t *testing.T) {
 			p.Abort()
 			continue
 		}
-		if err := k.AddDir(dir); err != nil {
-			t.Fatal(err)
-		}
-		if err := k.Close(); err != nil {
-			t.Fatal(err)
-		}
-		rec, err := p.Commit()
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, _ := s.ReadManifest(rec.ID)
-		out := t.TempDir()
-		if err := fileset.Unpack(context.Background(), s, m, out, fileset.LoadOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		_, out := commitAndUnpack(t, s, k, p, dir)
 		if got, _ := os.ReadFile(filepath.Join(out, "pages-1.img")); !bytes.Equal(got, pages) {
 			t.Fatal("the checkpoint does not hold the streamed bytes")
 		}
