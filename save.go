@@ -105,7 +105,7 @@ func (c *Checkpoint) Commit(ctx context.Context) (Record, error) {
 
 // AsyncOptions configure CommitAsync.
 type AsyncOptions struct {
-	// FailIfBusy makes CommitAsync return ErrBusy instead of waiting when
+	// FailIfBusy makes CommitAsync return ErrSaveInFlight instead of waiting when
 	// an earlier save is still in flight.
 	FailIfBusy bool
 }
@@ -150,7 +150,7 @@ func (c *Checkpoint) CommitAsync(ctx context.Context, o AsyncOptions) (*Save, er
 	start := time.Now()
 	if prev := s.inflight; prev != nil && !prev.Done() {
 		if o.FailIfBusy {
-			return nil, fmt.Errorf("%w: the save of step %d has not finished", ErrBusy, prev.rec.Step)
+			return nil, fmt.Errorf("%w: the save of step %d has not finished", ErrSaveInFlight, prev.rec.Step)
 		}
 		prev.Wait()
 	}

@@ -40,9 +40,9 @@ type Record = catalog.Record
 // they describe or what a checkpoint holds.
 var ErrMismatch = tensors.ErrMismatch
 
-// ErrBusy is returned by a save asked not to wait while another is in
+// ErrSaveInFlight is returned by a save asked not to wait while another is in
 // flight.
-var ErrBusy = errors.New("a save is in flight")
+var ErrSaveInFlight = errors.New("a save is in flight")
 
 // Options configure a Store.
 type Options struct {

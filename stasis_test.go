@@ -211,7 +211,7 @@ func TestSecondSaveWaits(t *testing.T) {
 	refused := s.Begin("busy", 2)
 	refused.Add(hostTensor("w", big[:1<<20]))
 	if _, err := refused.CommitAsync(ctx, AsyncOptions{FailIfBusy: true}); err != nil {
-		if !errors.Is(err, ErrBusy) {
+		if !errors.Is(err, ErrSaveInFlight) {
 			t.Fatalf("FailIfBusy: %v", err)
 		}
 	} else {
