@@ -59,9 +59,10 @@ func TestPython(t *testing.T) {
 	if err := exec.Command(python, "-c", "import numpy").Run(); err != nil {
 		t.Skip("needs NumPy for /usr/bin/python3 (make installs python3-numpy)")
 	}
-	cmd := exec.Command(python, "-m", "unittest", "discover", "-v", "-s", "tests", "-t", ".")
+	cmd := exec.Command(python, "-m", "unittest", "discover", "-v", "-s", "tests")
 	cmd.Dir = "../python"
-	cmd.Env = append(os.Environ(), "STASIS_LIB="+filepath.Join(libDir, "libstasis.so"), "PYTHONDONTWRITEBYTECODE=1")
+	pkg, _ := filepath.Abs("../python")
+	cmd.Env = append(os.Environ(), "STASIS_LIB="+filepath.Join(libDir, "libstasis.so"), "PYTHONPATH="+pkg, "PYTHONDONTWRITEBYTECODE=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
