@@ -23,7 +23,7 @@ type snapshotArena struct {
 
 const (
 	snapshotAlign = 256      // each buffer's offset in the arena
-	snapshotPiece = 64 << 20 // bytes per copy task
+	snapshotPiece = 64 << 20 // bytes per task of a host memory copy
 	arenaGrain    = 2 << 20  // the arena's size is a multiple of this
 )
 
@@ -69,39 +69,58 @@ func (a *snapshotArena) snapshot(ts []Tensor) ([]Tensor, error) {
 			a.pinned = contexts[indexOfDevice(ts)]
 		}
 	}
-	type piece struct{ tensor, off, n int64 }
-	var pieces []piece
 	views := make([]Tensor, len(ts))
 	for i, t := range ts {
 		v := t
 		v.Device, v.Host = 0, a.buf[offsets[i]:offsets[i]+t.Bytes:offsets[i]+t.Bytes]
 		views[i] = v
-		for off := int64(0); off < t.Bytes; off += snapshotPiece {
-			pieces = append(pieces, piece{int64(i), off, min(snapshotPiece, t.Bytes-off)})
-		}
 	}
-	work := make(chan piece)
 	var wg sync.WaitGroup
 	var errOnce sync.Once
 	var firstErr error
+	setErr := func(err error) { errOnce.Do(func() { firstErr = err }) }
+	// GPU memory: per context, every copy queued on one stream at once.
+	byContext := map[cuda.Context][]int{}
+	for i, t := range ts {
+		if t.Device != 0 && t.Bytes > 0 {
+			byContext[contexts[i]] = append(byContext[contexts[i]], i)
+		}
+	}
+	for ctx, idx := range byContext {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			copies := make([]cuda.HostCopy, len(idx))
+			for k, i := range idx {
+				copies[k] = cuda.HostCopy{Dst: views[i].Host, Src: ts[i].Device}
+			}
+			if failed, err := a.drv.CopyManyToHost(ctx, copies); err != nil {
+				if failed >= 0 {
+					err = fmt.Errorf("%s: %w", ts[idx[failed]].Name, err)
+				}
+				setErr(err)
+			}
+		}()
+	}
+	// Host memory: copied in pieces by several workers.
+	type piece struct{ tensor, off, n int64 }
+	work := make(chan piece)
 	for range max(runtime.GOMAXPROCS(0), 4) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for p := range work {
-				t, dst := ts[p.tensor], views[p.tensor].Host[p.off:p.off+p.n]
-				if t.Device == 0 {
-					copy(dst, t.Host[p.off:p.off+p.n])
-					continue
-				}
-				if err := a.drv.CopyToHost(contexts[p.tensor], dst, t.Device+uintptr(p.off)); err != nil {
-					errOnce.Do(func() { firstErr = fmt.Errorf("%s: %w", t.Name, err) })
-				}
+				copy(views[p.tensor].Host[p.off:p.off+p.n], ts[p.tensor].Host[p.off:p.off+p.n])
 			}
 		}()
 	}
-	for _, p := range pieces {
-		work <- p
+	for i, t := range ts {
+		if t.Device != 0 {
+			continue
+		}
+		for off := int64(0); off < t.Bytes; off += snapshotPiece {
+			work <- piece{int64(i), off, min(snapshotPiece, t.Bytes-off)}
+		}
 	}
 	close(work)
 	wg.Wait()

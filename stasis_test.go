@@ -243,7 +243,7 @@ func TestAsyncDeviceErrorListsNothing(t *testing.T) {
 	if fakeDir == "" {
 		t.Skip("the stand-in driver could not be built (no gcc)")
 	}
-	os.WriteFile(filepath.Join(fakeDir, "fail-dtoh"), []byte("2"), 0o600)
+	os.WriteFile(filepath.Join(fakeDir, "fail-dtoh"), []byte("1"), 0o600) // the next copy fails
 	defer os.Remove(filepath.Join(fakeDir, "fail-dtoh"))
 	s := openStore(t)
 	dev := mapped(t, 200<<20)

@@ -292,6 +292,21 @@ func stasis_save_done(h C.stasis_save) C.int {
 	return 0
 }
 
+//export stasis_save_times
+func stasis_save_times(h C.stasis_save, waited, snapshot *C.double, e *C.stasis_error) C.int {
+	v, err := lookup[*stasis.Save](C.uint64_t(h), "save")
+	if err != nil {
+		return fail(e, err)
+	}
+	if waited != nil {
+		*waited = C.double(v.Waited.Seconds())
+	}
+	if snapshot != nil {
+		*snapshot = C.double(v.Snapshot.Seconds())
+	}
+	return fail(e, nil)
+}
+
 //export stasis_save_release
 func stasis_save_release(h C.stasis_save) {
 	if _, err := lookup[*stasis.Save](C.uint64_t(h), "save"); err == nil {

@@ -112,6 +112,9 @@ int stasis_save_wait(stasis_save v, char **record_json, stasis_error *err);
 /* 1 when the save has finished (successfully or not), 0 when not, -1 for
  * an unknown handle. */
 int stasis_save_done(stasis_save v);
+/* How long the commit waited for the save before it, and how long its
+ * snapshot took (seconds); the training loop's stall is about their sum. */
+int stasis_save_times(stasis_save v, double *waited_s, double *snapshot_s, stasis_error *err);
 /* Releases v (a save in flight goes on). */
 void stasis_save_release(stasis_save v);
 

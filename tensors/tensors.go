@@ -166,12 +166,7 @@ func Save(ctx context.Context, s *catalog.Store, ts []Tensor, o SaveOptions) (*c
 		wo.ElemSize = elem
 	}
 	if drv != nil {
-		wo.Pin = func(b []byte) (func([]byte), error) {
-			if err := drv.RegisterHost(pinCtx, b); err != nil {
-				return nil, err
-			}
-			return func(b []byte) { drv.UnregisterHost(pinCtx, b) }, nil
-		}
+		wo.Pin = pinner(drv, pinCtx)
 	}
 	p, err := s.Begin(catalog.KindTensors, o.Job, o.Step, o.Tags)
 	if err != nil {
@@ -183,6 +178,17 @@ func Save(ctx context.Context, s *catalog.Store, ts []Tensor, o SaveOptions) (*c
 		return nil, err
 	}
 	return rec, nil
+}
+
+// pinner registers buffers with the driver (portable: every context may
+// use them), so that copies between them and GPU memory run at full speed.
+func pinner(drv *cuda.Driver, ctx cuda.Context) gdswriter.Pinning {
+	return func(b []byte) (func([]byte), error) {
+		if err := drv.RegisterHost(ctx, b); err != nil {
+			return nil, err
+		}
+		return func(b []byte) { drv.UnregisterHost(ctx, b) }, nil
+	}
 }
 
 const dataFileName = "data.0000"
@@ -274,6 +280,7 @@ func Load(ctx context.Context, s *catalog.Store, id string, into []Tensor, o cat
 		}
 	}
 	var drv *cuda.Driver
+	var pinCtx cuda.Context
 	type target struct {
 		entry  catalog.Entry
 		t      Tensor
@@ -302,11 +309,15 @@ func Load(ctx context.Context, s *catalog.Store, id string, into []Tensor, o cat
 			if devCtx, err = drv.PointerContext(t.Device); err != nil {
 				return nil, fmt.Errorf("%s: %w", t.Name, err)
 			}
+			pinCtx = devCtx
 		}
 		e := entries[saved[i].Name]
 		if e.Size > 0 {
 			byFile[e.File] = append(byFile[e.File], target{entry: e, t: t, devCtx: devCtx})
 		}
+	}
+	if drv != nil {
+		o.Pin = pinner(drv, pinCtx)
 	}
 	for fi, df := range m.Files {
 		targets := byFile[fi]

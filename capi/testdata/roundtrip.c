@@ -84,6 +84,9 @@ int main(int argc, char **argv) {
 	CHECK(rc == STASIS_OK && save != 0, "async commit: %s", err.message);
 	for (int i = 0; i < N; i++) weights[i] = -1.0f;
 	*step = 43;
+	double waited = -1, snapshot = -1;
+	rc = stasis_save_times(save, &waited, &snapshot, &err);
+	CHECK(rc == STASIS_OK && waited >= 0 && snapshot > 0, "save times: %s %g %g", err.message, waited, snapshot);
 	rc = stasis_save_wait(save, &record, &err);
 	CHECK(rc == STASIS_OK, "wait: %s", err.message);
 	CHECK(stasis_save_done(save) == 1, "done after wait");

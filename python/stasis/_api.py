@@ -30,14 +30,20 @@ def _reap():
 
 class SaveHandle:
     """A save: .wait() returns its record once durable and listed, .done()
-    tells whether it has finished."""
+    tells whether it has finished. For an asynchronous save, .waited_s is
+    how long it waited for the save before it and .snapshot_s how long
+    copying the tensors out took."""
 
     def __init__(self, handle=0, record=None):
         self._handle = handle
         self._record = record
         self._error = None
         self._lock = threading.Lock()
+        self.waited_s = self.snapshot_s = None
         if handle:
+            waited, snapshot = ctypes.c_double(), ctypes.c_double()
+            _lib.call(_lib.lib().stasis_save_times, handle, ctypes.byref(waited), ctypes.byref(snapshot))
+            self.waited_s, self.snapshot_s = waited.value, snapshot.value
             with _open_lock:
                 _open_saves[handle] = weakref.ref(self)
 

@@ -108,6 +108,7 @@ def _declare(lib):
         "stasis_discard": ([u64], None),
         "stasis_save_wait": ([u64, out_json, err], i32),
         "stasis_save_done": ([u64], i32),
+        "stasis_save_times": ([u64, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_double), err], i32),
         "stasis_save_release": ([u64], None),
         "stasis_find": ([u64, p, i64, out_json, err], i32),
         "stasis_list": ([u64, p, out_json, err], i32),

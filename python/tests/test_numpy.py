@@ -78,6 +78,8 @@ class RoundTrip(StoreTest):
                 h = stasis.save(state, job="rt", step=10 if blocking else 11, blocking=blocking, home=self.home)
                 rec = h.wait()
                 self.assertTrue(h.done())
+                if not blocking:
+                    self.assertGreater(h.snapshot_s, 0)
                 self.assertEqual((rec["job"], rec["step"]), ("rt", 10 if blocking else 11))
                 loaded = stasis.load(job="rt", step=rec["step"], home=self.home)
                 assert_same(self, state, loaded)
