@@ -113,6 +113,7 @@ type AsyncOptions struct {
 // Save is an asynchronous save: the snapshot is taken, the write runs in
 // the background.
 type Save struct {
+	step int64 // set before the save starts, read by later commits
 	done atomic.Bool
 	ch   chan struct{}
 	rec  Record
@@ -150,7 +151,7 @@ func (c *Checkpoint) CommitAsync(ctx context.Context, o AsyncOptions) (*Save, er
 	start := time.Now()
 	if prev := s.inflight; prev != nil && !prev.Done() {
 		if o.FailIfBusy {
-			return nil, fmt.Errorf("%w: the save of step %d has not finished", ErrSaveInFlight, prev.rec.Step)
+			return nil, fmt.Errorf("%w: the save of step %d has not finished", ErrSaveInFlight, prev.step)
 		}
 		prev.Wait()
 	}
@@ -159,8 +160,7 @@ func (c *Checkpoint) CommitAsync(ctx context.Context, o AsyncOptions) (*Save, er
 	if err != nil {
 		return nil, err
 	}
-	v := &Save{ch: make(chan struct{}), Waited: waited.Sub(start), Snapshot: time.Since(waited)}
-	v.rec.Step = c.step
+	v := &Save{step: c.step, ch: make(chan struct{}), Waited: waited.Sub(start), Snapshot: time.Since(waited)}
 	opts := c.options(tensors.Meta{IOPath: "snapshot", Why: whySnapshot})
 	s.inflight = v
 	go func() {

@@ -10,15 +10,37 @@ import (
 )
 
 // snapshotArena is the host memory (from mmap, outside Go's heap) that
-// asynchronous saves copy buffers into. When GPU memory is copied into it,
-// it is registered with the driver (pinned), so the copies run at the
-// bus's speed. It is kept, pinned, for the next save: pinning gigabytes
-// takes longer than copying them. It grows to the largest state saved and
-// is freed by Store.Close.
+// asynchronous saves copy buffers into. Once GPU memory has been copied
+// into it, it is registered with the driver (pinned) in the background, so
+// that the next snapshots run at the bus's speed: pinning gigabytes takes
+// longer than copying them into unpinned memory once, so the first
+// snapshot does not wait for it. It is kept, pinned, for later saves,
+// grows to the largest state saved, and is freed by Store.Close.
 type snapshotArena struct {
-	buf    []byte
-	drv    *cuda.Driver
-	pinned cuda.Context // the context it was registered in; nil when not pinned
+	buf     []byte
+	drv     *cuda.Driver
+	pinned  cuda.Context  // the context it was registered in; nil when not pinned
+	pinning chan struct{} // closed when a background registration ends; nil when none began
+}
+
+// pin registers the arena in ctx in the background.
+func (a *snapshotArena) pin(ctx cuda.Context) {
+	done := make(chan struct{})
+	a.pinning = done
+	go func() {
+		defer close(done)
+		if a.drv.RegisterHost(ctx, a.buf) == nil {
+			a.pinned = ctx
+		}
+	}()
+}
+
+// waitPin waits for a background registration to end.
+func (a *snapshotArena) waitPin() {
+	if a.pinning != nil {
+		<-a.pinning
+		a.pinning = nil
+	}
 }
 
 const (
@@ -30,6 +52,7 @@ const (
 // snapshot copies every buffer of ts into the arena and returns host views
 // of the copies, named and shaped as the originals.
 func (a *snapshotArena) snapshot(ts []Tensor) ([]Tensor, error) {
+	a.waitPin()
 	offsets := make([]int64, len(ts))
 	var total int64
 	var firstDevice uintptr
@@ -61,12 +84,6 @@ func (a *snapshotArena) snapshot(ts []Tensor) ([]Tensor, error) {
 				return nil, fmt.Errorf("%s: %w", t.Name, err)
 			}
 			contexts[i] = ctx
-		}
-		if a.pinned == nil {
-			if err := a.drv.RegisterHost(contexts[indexOfDevice(ts)], a.buf); err != nil {
-				return nil, fmt.Errorf("pin %d bytes of snapshot memory: %w", len(a.buf), err)
-			}
-			a.pinned = contexts[indexOfDevice(ts)]
 		}
 	}
 	views := make([]Tensor, len(ts))
@@ -127,6 +144,9 @@ func (a *snapshotArena) snapshot(ts []Tensor) ([]Tensor, error) {
 	if firstErr != nil {
 		return nil, firstErr
 	}
+	if len(byContext) > 0 && a.pinned == nil {
+		a.pin(contexts[indexOfDevice(ts)])
+	}
 	return views, nil
 }
 
@@ -156,6 +176,7 @@ func (a *snapshotArena) reserve(n int64) error {
 
 // release unpins and frees the arena.
 func (a *snapshotArena) release() {
+	a.waitPin()
 	if a.buf == nil {
 		return
 	}

@@ -280,3 +280,41 @@ func TestBadInput(t *testing.T) {
 		t.Fatalf("an unknown codec: %v", err)
 	}
 }
+
+// TestSnapshotMemoryPinnedOnce saves GPU memory three times: the snapshot
+// memory is pinned once (in the background, after the first snapshot) and
+// unpinned once, by Close.
+func TestSnapshotMemoryPinnedOnce(t *testing.T) {
+	if fakeDir == "" {
+		t.Skip("the stand-in driver could not be built (no gcc)")
+	}
+	log := filepath.Join(fakeDir, "calls.log")
+	os.Remove(log)
+	s, err := Open(Options{Home: filepath.Join(t.TempDir(), "store")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := mapped(t, 3<<20)
+	for step := int64(1); step <= 3; step++ {
+		c := s.Begin("pin", step)
+		c.Add(Tensor{Name: "w", DType: "uint8", Shape: []int64{3 << 20}, Device: devicePtr(dev), Bytes: 3 << 20})
+		v, err := c.CommitAsync(context.Background(), AsyncOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := v.Wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	calls, _ := os.ReadFile(log)
+	count := map[string]int{}
+	for _, line := range strings.Split(string(calls), "\n") {
+		count[strings.SplitN(line, " ", 2)[0]]++
+	}
+	if count["register"] != 1 || count["unregister"] != 1 {
+		t.Fatalf("pinned %d times, unpinned %d times:\n%s", count["register"], count["unregister"], calls)
+	}
+}
