@@ -23,7 +23,7 @@ var ErrInvalid = errors.New("invalid argument")
 
 // ErrExists is returned when a checkpoint to be imported has an ID that the
 // store already holds (complete, being written or being removed).
-var ErrExists = errors.New("checkpoint already exists")
+var ErrExists = errors.New("checkpoint ID already taken")
 
 // ErrBadStream is wrapped by errors about an import stream that is not a
 // stasis export: not a tar stream, truncated, or holding what an export may

@@ -94,7 +94,7 @@ func (s *Store) BeginImport(manifest []byte) (*Pending, error) {
 		return nil, err
 	}
 	if lock == nil {
-		return nil, fmt.Errorf("%w: checkpoint %s is being written into this store by another process", ErrExists, m.ID)
+		return nil, fmt.Errorf("%w: %s is being written into this store by another process", ErrExists, m.ID)
 	}
 	// A staging directory nobody holds is a dead writer's: gc would
 	// remove it, and so may we, holding its lock.
@@ -122,9 +122,9 @@ func (s *Store) idFree(id string) error {
 	}
 	switch {
 	case listed && rec.Status == StatusDeleting:
-		return fmt.Errorf("%w: checkpoint %s is being removed from this store (run `stasis gc`, then import again)", ErrExists, id)
+		return fmt.Errorf("%w: %s is being removed from this store (run `stasis gc`, then import again)", ErrExists, id)
 	case listed:
-		return fmt.Errorf("%w: checkpoint %s (job %s, step %d) is already in this store", ErrExists, id, rec.Job, rec.Step)
+		return fmt.Errorf("%w: %s (job %s, step %d) is already in this store", ErrExists, id, rec.Job, rec.Step)
 	}
 	for _, dir := range []string{s.CheckpointDir(id), s.path(trashDir, id)} {
 		if _, err := os.Lstat(dir); err == nil {

@@ -82,6 +82,8 @@ func (e *env) app() *ucli.App {
 			e.lsCommand(),
 			e.showCommand(),
 			e.verifyCommand(),
+			e.exportCommand(),
+			e.importCommand(),
 			e.rmCommand(),
 			e.pruneCommand(),
 			e.gcCommand(),
