@@ -17,6 +17,7 @@ const (
 	checkpointsDir  = "checkpoints"
 	stagingDir      = "staging"
 	trashDir        = "trash"
+	cacheDir        = "cache"
 	manifestName    = "manifest"
 	lockSuffix      = ".lock"
 	defaultLockWait = 10 * time.Second
@@ -81,6 +82,11 @@ func (s *Store) path(parts ...string) string {
 
 // CheckpointDir is the directory of a complete checkpoint.
 func (s *Store) CheckpointDir(id string) string { return s.path(checkpointsDir, id) }
+
+// CacheDir is where data that can be computed again (the hashes of the
+// files a process maps) is kept, cache/<name> in the store. Whoever
+// writes there creates it.
+func (s *Store) CacheDir(name string) string { return s.path(cacheDir, name) }
 
 // ReadManifest reads and checks the manifest of a complete checkpoint.
 func (s *Store) ReadManifest(id string) (*Manifest, error) {

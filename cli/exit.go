@@ -58,7 +58,7 @@ func exitCode(err error) int {
 		return ExitInterrupted
 	case cuda.TimedOut(err):
 		return ExitGPUTimeout
-	case errors.Is(err, restore.ErrIncompatible):
+	case errors.Is(err, restore.ErrIncompatible), errors.Is(err, cuda.ErrNoGPU):
 		return ExitMismatch
 	case errors.Is(err, criu.ErrNotInstalled), errors.Is(err, criu.ErrTooOld), errors.Is(err, cuda.ErrUnavailable):
 		return ExitMissingTool

@@ -142,13 +142,13 @@ func TestGPUCheckpointThenRestore(t *testing.T) {
 
 	// Another driver version: refused before CRIU runs, unless --force.
 	f.set(t, "version", "12080")
-	expectCode(t, run(t, home, "restore", id), cli.ExitMismatch, `driver for CUDA 13\.0, this one is for CUDA 12\.8`)
+	expectMismatches(t, run(t, home, "restore", id), []string{`driver: the checkpoint was made with a driver for CUDA 13\.0, this one is for CUDA 12\.8`}, nil)
 	if alive(pid) {
 		t.Fatal("a refused restore ran CRIU")
 	}
-	f.set(t, "version", "13000")
 	f.set(t, "gpu-name", "Other GPU")
-	expectCode(t, run(t, home, "restore", id), cli.ExitMismatch, `was a Fake GPU, .* is a Other GPU`)
+	expectMismatches(t, run(t, home, "restore", id), []string{`driver: .*CUDA 12\.8`, `GPU 0 \(GPU-10111213-[0-9a-f-]+\) was a Fake GPU, GPU 0 \(GPU-10111213-[0-9a-f-]+\) that takes it over is a Other GPU`}, nil)
+	f.set(t, "version", "13000")
 	os.Remove(filepath.Join(f.dir, "gpu-name"))
 	f.wantCalls(t, pid)
 
