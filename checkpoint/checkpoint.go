@@ -177,7 +177,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		err = gpu.lockAndCheckpoint(timeout)
 		res.GPULock, res.GPUCheckpoint = gpu.lockTime, gpu.checkpointTime
 		if err != nil {
-			err = gpu.rollback(err)
+			err = gpu.rollback("checkpoint", err)
 			gpuOK = !gpu.stuck
 			return nil, err
 		}
@@ -188,7 +188,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	// fail rolls the GPU side back after a failure past its checkpoint.
 	fail := func(err error) (*Result, error) {
 		if gpu != nil {
-			err = gpu.rollback(err)
+			err = gpu.rollback("checkpoint", err)
 			gpuOK = !gpu.stuck
 		}
 		return nil, err

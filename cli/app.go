@@ -92,6 +92,7 @@ func (e *env) app() *ucli.App {
 			e.checkpointCommand(),
 			e.restoreCommand(),
 			e.recoverCommand(),
+			e.migrateCommand(),
 			e.cudaCommand(),
 			e.lsCommand(),
 			e.showCommand(),

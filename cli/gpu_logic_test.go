@@ -44,6 +44,7 @@ func newFakeDriver(t *testing.T) *fakeDriver {
 		}
 	}
 	t.Setenv("STASIS_LIBCUDA", f.lib)
+	t.Setenv("STASIS_LIBNVML", f.lib)
 	t.Setenv("STASIS_FAKE_CUDA_DIR", f.dir)
 	return f
 }
@@ -84,6 +85,16 @@ func (f *fakeDriver) wantCalls(t *testing.T, pid int, want ...string) {
 func (f *fakeDriver) state(t *testing.T, pid int) string {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.state", pid)))
+	if os.IsNotExist(err) {
+		return "0"
+	}
+	return strings.TrimSpace(string(data))
+}
+
+// gpu is the GPU the stand-in says pid runs on.
+func (f *fakeDriver) gpu(t *testing.T, pid int) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.gpu", pid)))
 	if os.IsNotExist(err) {
 		return "0"
 	}
@@ -257,39 +268,55 @@ func TestGPUUnavailable(t *testing.T) {
 }
 
 // TestGPUWatchdog kills stasis with SIGKILL while the job is locked on the
-// GPU side (during a slow CUDA checkpoint): stasis's watchdog notices, and
-// the job is unlocked and runs on without anyone calling recover.
+// GPU side (during a slow CUDA checkpoint), in a checkpoint and in a
+// migration: stasis's watchdog notices, and the job is restored onto its
+// old GPU, unlocked, and runs on without anyone calling recover.
 func TestGPUWatchdog(t *testing.T) {
-	f := newFakeDriver(t)
-	home, tmp := t.TempDir(), t.TempDir()
-	out := filepath.Join(tmp, "count")
-	pid := f.start(t, out)
-	f.set(t, "slow-checkpoint", "")
-	cmd := exec.Command(stasisBin, "checkpoint", "--pid", strconv.Itoa(pid))
-	cmd.Env = append(os.Environ(), "STASIS_HOME="+home)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); f.state(t, pid) != "1"; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("stasis never locked the job")
-		}
-	}
-	cmd.Process.Kill()
-	cmd.Wait()
-	for deadline := time.Now().Add(10 * time.Second); f.state(t, pid) != "0"; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the job is still in GPU state %s after stasis died: no watchdog rescued it", f.state(t, pid))
-		}
-	}
-	waitCounting(t, out, len(counts(t, out))+3)
-	logs, _ := filepath.Glob(filepath.Join(home, "logs", "*-watchdog.log"))
-	if len(logs) != 1 {
-		t.Fatalf("watchdog logs: %v", logs)
-	}
-	report, _ := os.ReadFile(logs[0])
-	if !strings.Contains(string(report), `"action":"unlocked"`) {
-		t.Fatalf("watchdog report: %s", report)
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"checkpoint", []string{"checkpoint"}},
+		{"migrate", []string{"migrate", "--to-gpu", "1"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFakeDriver(t)
+			home, tmp := t.TempDir(), t.TempDir()
+			out := filepath.Join(tmp, "count")
+			pid := f.start(t, out)
+			f.set(t, "devices", "2")
+			f.set(t, fmt.Sprintf("%d.gpu", pid), "0")
+			f.set(t, "slow-checkpoint", "")
+			cmd := exec.Command(stasisBin, append(c.args, "--pid", strconv.Itoa(pid))...)
+			cmd.Env = append(os.Environ(), "STASIS_HOME="+home)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(10 * time.Second); f.state(t, pid) != "1"; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("stasis never locked the job")
+				}
+			}
+			cmd.Process.Kill()
+			cmd.Wait()
+			for deadline := time.Now().Add(10 * time.Second); f.state(t, pid) != "0"; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the job is still in GPU state %s after stasis died: no watchdog rescued it", f.state(t, pid))
+				}
+			}
+			waitCounting(t, out, len(counts(t, out))+3)
+			logs, _ := filepath.Glob(filepath.Join(home, "logs", "*-watchdog.log"))
+			if len(logs) != 1 {
+				t.Fatalf("watchdog logs: %v", logs)
+			}
+			report, _ := os.ReadFile(logs[0])
+			if !strings.Contains(string(report), `"action":"unlocked"`) && !strings.Contains(string(report), `"action":"restored and unlocked"`) {
+				t.Fatalf("watchdog report: %s", report)
+			}
+			if gpu := f.gpu(t, pid); gpu != "0" {
+				t.Fatalf("the job is on GPU %s after the rescue, want its old GPU 0", gpu)
+			}
+		})
 	}
 }
 

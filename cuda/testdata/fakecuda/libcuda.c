@@ -19,7 +19,8 @@
  * the UUID whose bytes are 0x10+i, 0x11+i, ... A process runs on the GPU
  * in .../<pid>.gpu (default 0). A restore with GPU pairs logs them ("restore
  * PID 0 0>1 1>0", GPUs by index), moves the process to the GPU its pair
- * names, and fails when .../fail-restore-pairs exists. The same library
+ * names, and fails when .../fail-restore-pairs exists (when it holds a PID,
+ * only for that process). The same library
  * stands in for NVML (libnvidia-ml.so.1, loaded through STASIS_LIBNVML): a
  * GPU's compute processes are the PIDs whose .gpu file names it. Built by
  * the tests with gcc -shared -fPIC.
@@ -127,8 +128,9 @@ static int restore_pairs(int pid, const restore_args *a) {
 		if (o < 0 || o >= devices() || w < 0 || w >= devices()) r = INVALID_VALUE;
 		if (o == gpu_of(pid)) to = w;
 	}
+	int only = readint("fail-restore-pairs", 0);
 	if (to < 0) r = INVALID_VALUE;
-	else if (failing("restore-pairs")) r = UNKNOWN;
+	else if (failing("restore-pairs") && (only == 0 || only == pid)) r = UNKNOWN;
 	else if (get_state(pid) != CHECKPOINTED) r = ILLEGAL_STATE;
 	if (r == OK) {
 		put_state(pid, LOCKED);
