@@ -170,11 +170,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			return nil, err
 		}
 		defer func() { dog.release(gpuOK) }()
-		timeout := o.LockTimeout
-		if timeout <= 0 {
-			timeout = DefaultLockTimeout
-		}
-		err = gpu.lockAndCheckpoint(timeout)
+		err = gpu.lockAndCheckpoint(o.LockTimeout)
 		res.GPULock, res.GPUCheckpoint = gpu.lockTime, gpu.checkpointTime
 		if err != nil {
 			err = gpu.rollback("checkpoint", err)

@@ -38,8 +38,12 @@ type gpuSession struct {
 }
 
 // lockAndCheckpoint locks every CUDA process (waiting up to timeout for
-// each), then checkpoints each. On error the caller rolls back.
+// each; DefaultLockTimeout when zero), then checkpoints each. On error the
+// caller rolls back.
 func (g *gpuSession) lockAndCheckpoint(timeout time.Duration) error {
+	if timeout <= 0 {
+		timeout = DefaultLockTimeout
+	}
 	start := time.Now()
 	defer func() { g.checkpointTime = time.Since(start) - g.lockTime }()
 	for _, pid := range g.pids {

@@ -105,11 +105,7 @@ func Migrate(o MigrateOptions) (*MigrateResult, error) {
 	}
 	g := &gpuSession{drv: drv, pids: pids}
 	defer func() { dog.release(!g.stuck) }()
-	timeout := o.LockTimeout
-	if timeout <= 0 {
-		timeout = DefaultLockTimeout
-	}
-	err = g.lockAndCheckpoint(timeout)
+	err = g.lockAndCheckpoint(o.LockTimeout)
 	res.Lock, res.Checkpoint = g.lockTime, g.checkpointTime
 	if err != nil {
 		return nil, g.rollback("migration", err)

@@ -82,21 +82,27 @@ func (f *fakeDriver) wantCalls(t *testing.T, pid int, want ...string) {
 	os.Remove(filepath.Join(f.dir, "calls.log"))
 }
 
+// state is pid's checkpoint state in the stand-in ("0" is running).
 func (f *fakeDriver) state(t *testing.T, pid int) string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.state", pid)))
-	if os.IsNotExist(err) {
-		return "0"
-	}
-	return strings.TrimSpace(string(data))
+	return f.perProcess(t, pid, "state")
 }
 
 // gpu is the GPU the stand-in says pid runs on.
 func (f *fakeDriver) gpu(t *testing.T, pid int) string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.gpu", pid)))
+	return f.perProcess(t, pid, "gpu")
+}
+
+// perProcess reads the stand-in's file <pid>.<what>; "0" when there is none.
+func (f *fakeDriver) perProcess(t *testing.T, pid int, what string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.%s", pid, what)))
 	if os.IsNotExist(err) {
 		return "0"
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(data))
 }

@@ -137,7 +137,13 @@ func checkpointPID(t *testing.T, home string, pid int, args ...string) string {
 
 func restorePID(t *testing.T, home string, args ...string) int {
 	t.Helper()
-	r := mustRun(t, home, append([]string{"restore"}, args...)...)
+	return restoredPID(t, mustRun(t, home, append([]string{"restore"}, args...)...))
+}
+
+// restoredPID reads the PID a restore printed last, and ends that process
+// when the test ends.
+func restoredPID(t *testing.T, r result) int {
+	t.Helper()
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	pid, err := strconv.Atoi(lines[len(lines)-1])
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -33,18 +32,7 @@ func importFile(t *testing.T, home, file string) string {
 // shell runs a shell script with STASIS (the binary) and STASIS_HOME set.
 func shell(t *testing.T, home, script string) result {
 	t.Helper()
-	cmd := exec.Command("sh", "-c", script)
-	cmd.Env = append(os.Environ(), "STASIS="+stasisBin, "STASIS_HOME="+home)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return result{code: code, stdout: out.String(), stderr: errb.String()}
+	return runWithHome(t, home, exec.Command("sh", "-c", script))
 }
 
 func TestExportImportFiles(t *testing.T) {
@@ -210,12 +198,7 @@ test -z "$(ls -A %s)"
 	if r.code != 0 {
 		t.Fatalf("import and restore in a new mount namespace: exit %d: %s", r.code, r.stderr)
 	}
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	restored, err := strconv.Atoi(lines[len(lines)-1])
-	if err != nil {
-		t.Fatalf("restore printed %q last", lines[len(lines)-1])
-	}
-	t.Cleanup(func() { killTree(restored) })
+	restored := restoredPID(t, r)
 	if restored != pid {
 		t.Errorf("restored as PID %d, was %d", restored, pid)
 	}

@@ -15,15 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-gib=8
-dir=/var/tmp/stasis-bench-gpu
-while getopts "g:d:" opt; do
-	case $opt in
-	g) gib=$OPTARG ;;
-	d) dir=$OPTARG ;;
-	*) echo "usage: $0 [-g GIB] [-d DIR]" >&2; exit 2 ;;
-	esac
-done
+source scripts/gpu-lib.sh
+gpu_options /var/tmp/stasis-bench-gpu "$@"
 stasis=$PWD/bin/stasis
 criu_bin=${STASIS_CRIU:-$PWD/bin/criu}
 export STASIS_CRIU=$criu_bin STASIS_HOME=$dir/store
@@ -36,7 +29,6 @@ gone() { while [ -d /proc/$1 ]; do sleep 0.05; done; }
 healthy() { local n; n=$(wc -l <"$1")
 	until [ "$(wc -l <"$1")" -gt "$((n + 2))" ]; do sleep 0.1; done
 	! grep -q "ok=False" "$1"; }
-field() { python3 -c "import json,sys; j=json.load(sys.stdin); print($1)"; }
 
 log=$dir/workload.log
 pid=$(sh -c "setsid python3 cli/testdata/gpu_workload.py '$log' $gib weights </dev/null >'$log.err' 2>&1 & echo \$!")

@@ -24,41 +24,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-gib=8
-dir=/var/tmp/stasis-gpu-migrate
-while getopts "g:d:" opt; do
-	case $opt in
-	g) gib=$OPTARG ;;
-	d) dir=$OPTARG ;;
-	*) echo "usage: $0 [-g GIB] [-d DIR]" >&2; exit 2 ;;
-	esac
-done
+source scripts/gpu-lib.sh
+gpu_options /var/tmp/stasis-gpu-migrate "$@"
 stasis=$PWD/bin/stasis
 export STASIS_HOME=$dir/store
 rm -rf "$dir"; mkdir -p "$dir"
-failures=0
 
-pass() { echo "PASS $1: $2"; }
-fail() { echo "FAIL $1: $2"; failures=$((failures + 1)); }
-lines() { wc -l <"$1" 2>/dev/null || echo 0; }
-# healthy LOG: the workload logs new steps, all ok.
-healthy() {
-	local n; n=$(lines "$1")
-	for _ in $(seq 150); do
-		[ "$(lines "$1")" -gt "$((n + 2))" ] && break
-		sleep 0.2
-	done
-	[ "$(lines "$1")" -gt "$((n + 2))" ] && ! grep -q "ok=False" "$1"
-}
-start() { # start LOG [busy]: prints the PID once the workload is checking
-	local pid
-	pid=$(sh -c "setsid python3 cli/testdata/gpu_workload.py '$1' $gib ${2:-} </dev/null >>'$1.err' 2>&1 & echo \$!")
-	for _ in $(seq 600); do [ -s "$1" ] && break; sleep 0.2; done
-	echo "$pid"
-}
-gone() { for _ in $(seq 300); do [ -d /proc/$1 ] || return 0; sleep 0.1; done; return 1; }
-stop() { kill -9 "$1" 2>/dev/null; gone "$1"; }
-field() { python3 -c "import json,sys; j=json.load(sys.stdin); print($1)"; }
 # gpu_of PID: the UUID of the GPU the process has memory on ("" if none).
 gpu_of() { nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader | awk -F', ' -v p="$1" '$1 == p { print $2 }' | paste -sd, -; }
 # mib_on PID: the GPU memory the process holds, in MiB.
@@ -114,7 +85,7 @@ if [ $rc1 -ne 0 ] || [ $rc -ne 0 ] || ! gone "$pid"; then
 else
 	hashes="library hashes $(echo "$first" | field '"%.2f s cold (pause %.2f s)" % (j["hash_seconds"], j["pause_seconds"])'), $(echo "$out" | field '"%.3f s cached" % j["hash_seconds"]')"
 	t0=$(date +%s.%N)
-	"$stasis" export "$id" | STASIS_HOME=$dir/store-b "$stasis" import - >/dev/null 2>"$dir/import.err"; rc=$?
+	"$stasis" export "$id" 2>"$dir/export.err" | STASIS_HOME=$dir/store-b "$stasis" import - >/dev/null 2>"$dir/import.err"; rc=$?
 	moved=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }')
 	steps=$(lines "$log")
 	rout=$(STASIS_HOME=$dir/store-b "$stasis" restore "$id" --gpu-map "$from=$to" --json 2>"$dir/stderr"); rrc=$?
@@ -123,7 +94,7 @@ else
 	if [ $rc -eq 0 ] && [ $rrc -eq 0 ] && [ "$now" = "$to" ] && healthy "$log" && [ "$(lines "$log")" -gt "$steps" ]; then
 		pass restore-other-gpu "checkpointed on $from, export|import $moved s, restored as PID $new on $now: $(echo "$rout" | field '"unpack %.2f s, criu %.2f s, cuda restore+unlock %.2f s, remapped %s" % (j["unpack_seconds"], j["criu_seconds"], j["gpu_seconds"], j["gpu_remapped"])'); $hashes; $(tail -1 "$log")"
 	else
-		fail restore-other-gpu "import rc=$rc $(cat "$dir/import.err"); restore rc=$rrc: $rout $(cat "$dir/stderr"); on $now (want $to); $(tail -2 "$log")"
+		fail restore-other-gpu "export|import rc=$rc $(cat "$dir/export.err" "$dir/import.err"); restore rc=$rrc: $rout $(cat "$dir/stderr"); on $now (want $to); $(tail -2 "$log")"
 	fi
 	[[ "$new" =~ ^[0-9]+$ ]] && stop "$new"
 fi

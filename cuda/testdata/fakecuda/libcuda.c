@@ -73,14 +73,20 @@ static int get_state(int pid) {
 	return readint(name, RUNNING);
 }
 
-static void put_state(int pid, int s) {
+static void writeint(const char *name, int v) {
 	char path[4096];
-	snprintf(path, sizeof path, "%s/%d.state", dir(), pid);
+	snprintf(path, sizeof path, "%s/%s", dir(), name);
 	FILE *f = fopen(path, "w");
 	if (f) {
-		fprintf(f, "%d\n", s);
+		fprintf(f, "%d\n", v);
 		fclose(f);
 	}
+}
+
+static void put_state(int pid, int s) {
+	char name[64];
+	snprintf(name, sizeof name, "%d.state", pid);
+	writeint(name, s);
 }
 
 static int transition(const char *call, int pid, int from, int to, int failure) {
@@ -104,13 +110,9 @@ static int gpu_of(int pid) {
 }
 
 static void put_gpu(int pid, int gpu) {
-	char path[4096];
-	snprintf(path, sizeof path, "%s/%d.gpu", dir(), pid);
-	FILE *f = fopen(path, "w");
-	if (f) {
-		fprintf(f, "%d\n", gpu);
-		fclose(f);
-	}
+	char name[64];
+	snprintf(name, sizeof name, "%d.gpu", pid);
+	writeint(name, gpu);
 }
 
 typedef struct { unsigned char old_uuid[16], new_uuid[16]; } gpu_pair;
