@@ -180,13 +180,8 @@ func TestImportRefusesBadStreams(t *testing.T) {
 // can use nothing of A. The counter goes on from where it stopped.
 func TestProcessCheckpointOnAnotherNode(t *testing.T) {
 	requireCRIU(t)
-	a, b, tmp := t.TempDir(), t.TempDir(), t.TempDir()
-	out := filepath.Join(tmp, "count")
-	pid := startDetached(t, "testdata/counter.sh", out)
-	waitCounting(t, out, 5)
-	id := checkpointPID(t, a, pid, "--job", "moving", "--step", "3")
-	waitGone(t, pid)
-	atDump := len(counts(t, out))
+	a, b := t.TempDir(), t.TempDir()
+	pid, id, out, atDump := checkpointedCounter(t, a, "--job", "moving", "--step", "3")
 	file := exportTo(t, a, id)
 
 	script := fmt.Sprintf(`set -e

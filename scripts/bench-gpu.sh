@@ -16,11 +16,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/gpu-lib.sh
-gpu_options /var/tmp/stasis-bench-gpu "$@"
-stasis=$PWD/bin/stasis
+gpu_setup /var/tmp/stasis-bench-gpu "$@"
 criu_bin=${STASIS_CRIU:-$PWD/bin/criu}
-export STASIS_CRIU=$criu_bin STASIS_HOME=$dir/store
-rm -rf "$dir"; mkdir -p "$dir/by-hand"
+export STASIS_CRIU=$criu_bin
+mkdir -p "$dir/by-hand"
 
 now() { date +%s.%N; }
 since() { awk -v a="$(now)" -v b="$1" 'BEGIN { printf "%.3f\n", a - b }'; }

@@ -11,10 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/gpu-lib.sh
-gpu_options /var/tmp/stasis-gpu-e2e "$@"
-stasis=$PWD/bin/stasis
-export STASIS_HOME=$dir/store
-rm -rf "$dir"; mkdir -p "$dir"
+gpu_setup /var/tmp/stasis-gpu-e2e "$@"
 
 echo "== $(nvidia-smi -L | head -1); $gib GiB of GPU memory per workload"
 

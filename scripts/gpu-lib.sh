@@ -3,9 +3,10 @@
 # (cli/testdata/gpu_workload.py) they run. Source it from the repository
 # root.
 
-# gpu_options DEFAULT_DIR "$@": reads -g GIB (default 8) and -d DIR into
-# $gib and $dir.
-gpu_options() {
+# gpu_setup DEFAULT_DIR "$@": reads -g GIB (default 8) and -d DIR into
+# $gib and $dir, empties DIR, and points $stasis at bin/stasis and
+# STASIS_HOME at DIR/store.
+gpu_setup() {
 	dir=$1; shift
 	gib=8
 	local opt OPTIND=1
@@ -16,6 +17,9 @@ gpu_options() {
 		*) echo "usage: $0 [-g GIB] [-d DIR]" >&2; exit 2 ;;
 		esac
 	done
+	stasis=$PWD/bin/stasis
+	export STASIS_HOME=$dir/store
+	rm -rf "$dir"; mkdir -p "$dir"
 }
 
 failures=0

@@ -25,10 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/gpu-lib.sh
-gpu_options /var/tmp/stasis-gpu-migrate "$@"
-stasis=$PWD/bin/stasis
-export STASIS_HOME=$dir/store
-rm -rf "$dir"; mkdir -p "$dir"
+gpu_setup /var/tmp/stasis-gpu-migrate "$@"
 
 # gpu_of PID: the UUID of the GPU the process has memory on ("" if none).
 gpu_of() { nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader | awk -F', ' -v p="$1" '$1 == p { print $2 }' | paste -sd, -; }
