@@ -78,24 +78,6 @@ func (s *Store) Export(ctx context.Context, id string, w io.Writer, o TransferOp
 	return m, tw.Close()
 }
 
-// readManifestFile reads a complete checkpoint's manifest file and checks
-// it (ReadManifest), returning its bytes too.
-func (s *Store) readManifestFile(id string) (*Manifest, []byte, error) {
-	m, err := s.ReadManifest(id)
-	if err != nil {
-		return nil, nil, err
-	}
-	data, err := os.ReadFile(filepath.Join(s.CheckpointDir(id), manifestName))
-	if err != nil {
-		return nil, nil, err
-	}
-	// Read twice: check that the bytes sent are the ones checked.
-	if again, err := ParseManifest(data); err != nil || again.ID != m.ID {
-		return nil, nil, fmt.Errorf("%s: manifest changed while being read: %w", id, ErrBadManifest)
-	}
-	return m, data, nil
-}
-
 // extentsInFileOrder returns a data file's chunk indexes in the order of
 // their extents in the file, which the manifest's checks guarantee tile it.
 func extentsInFileOrder(f DataFile) []int {
