@@ -27,10 +27,10 @@ const (
 	ExitNoSpace     = 7   // the store's file system is full; the partial checkpoint was removed
 	ExitMissingTool = 8   // CRIU is missing or too old
 	ExitPIDInUse    = 9   // a PID the restored tree needs is taken
-	ExitGPUTimeout  = 10  // the GPU lock timed out; the checkpoint was rolled back and the job runs on
+	ExitGPUTimeout  = 10  // the GPU lock timed out; the checkpoint or migration was rolled back and the job runs on
 	ExitMismatch    = 11  // this machine does not match the checkpoint (driver, GPUs, files, mounts), or a GPU named is not here
-	ExitBadStream   = 12  // an import stream is not a stasis export, is truncated, or holds what an export may not; nothing was imported
-	ExitExists      = 13  // the checkpoint to import is already in the store; nothing was changed
+	ExitBadStream   = 13  // an import stream is not a stasis export, is truncated, or holds what an export may not; nothing was imported
+	ExitExists      = 14  // the checkpoint to import is already in the store; nothing was changed
 	ExitInterrupted = 130 // stopped by SIGINT or SIGTERM; the partial checkpoint was removed
 )
 
