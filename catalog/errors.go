@@ -20,3 +20,14 @@ var ErrBadManifest = errors.New("invalid manifest")
 // ErrInvalid is wrapped by errors about arguments a caller can fix: job
 // names, kinds, tags.
 var ErrInvalid = errors.New("invalid argument")
+
+// ErrExists is returned when a checkpoint to be imported has an ID that the
+// store already holds (complete, being written or being removed).
+var ErrExists = errors.New("checkpoint ID already taken")
+
+// ErrBadStream is wrapped by errors about an import stream that is not a
+// stasis export: not a tar stream, truncated, or holding what an export may
+// not hold (links, absolute or climbing paths, sizes that disagree with the
+// manifest). Checksum failures wrap gdswriter.ErrCorrupt or ErrBadManifest
+// instead.
+var ErrBadStream = errors.New("not a valid stasis export stream")

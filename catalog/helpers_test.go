@@ -94,6 +94,14 @@ func runHelper(mode string) error {
 		fmt.Println(sc.Dir)
 		_, err = io.Copy(io.Discard, os.Stdin)
 		return err
+	case "import":
+		// An import of the stream on stdin, killed part-way by the test.
+		s, err := Open(root, Options{})
+		if err != nil {
+			return err
+		}
+		_, err = s.Import(context.Background(), os.Stdin, TransferOptions{})
+		return err
 	case "hold-db":
 		// Another process holding the index open read-write, as a
 		// long-running stasis would.

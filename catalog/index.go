@@ -126,6 +126,19 @@ func (s *Store) putRecord(r Record) error {
 	return s.update(func(tx *bolt.Tx) error { return putRecordTx(tx, r) })
 }
 
+// putNewRecord lists r unless a record with its ID exists (ErrExists).
+func (s *Store) putNewRecord(r Record) error {
+	return s.update(func(tx *bolt.Tx) error {
+		if _, listed, err := getRecordTx(tx, r.ID); err != nil || listed {
+			if err == nil {
+				err = fmt.Errorf("%w: checkpoint %s was listed in this store during the import", ErrExists, r.ID)
+			}
+			return err
+		}
+		return putRecordTx(tx, r)
+	})
+}
+
 func getRecordTx(tx *bolt.Tx, id string) (Record, bool, error) {
 	data := tx.Bucket(bucketCheckpoints).Get([]byte(id))
 	if data == nil {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 )
 
 // Pending is a checkpoint being written into the staging area. Its writer
@@ -22,6 +24,10 @@ type Pending struct {
 	dir   string
 	lock  *os.File
 	done  bool
+	// imported holds the manifest, byte for byte, of a checkpoint made
+	// elsewhere (BeginImport): Commit writes it as it is and lists the
+	// checkpoint only if its ID is still free.
+	imported []byte
 }
 
 // Begin starts a checkpoint of kind for job at step.
@@ -67,6 +73,67 @@ func (s *Store) Begin(kind Kind, job string, step int64, tags map[string]string)
 	}, nil
 }
 
+// BeginImport stages a checkpoint made elsewhere under its own ID and
+// manifest (the file's bytes, which ParseManifest checks). The caller
+// writes the data files the manifest names into Path(name) and commits;
+// Commit checks their sizes, writes the manifest unchanged and lists the
+// checkpoint. An ID this store already has (listed, on disk, being
+// removed, or being imported by another process) is refused with
+// ErrExists, and nothing is created.
+func (s *Store) BeginImport(manifest []byte) (*Pending, error) {
+	m, err := ParseManifest(manifest)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.idFree(m.ID); err != nil {
+		return nil, err
+	}
+	dir := s.path(stagingDir, m.ID)
+	lock, err := lockFile(dir+lockSuffix, false)
+	if err != nil {
+		return nil, err
+	}
+	if lock == nil {
+		return nil, fmt.Errorf("%w: %s is being written into this store by another process", ErrExists, m.ID)
+	}
+	// A staging directory nobody holds is a dead writer's: gc would
+	// remove it, and so may we, holding its lock.
+	if err := os.RemoveAll(dir); err == nil {
+		err = os.Mkdir(dir, 0o700)
+	}
+	if err != nil {
+		lock.Close()
+		os.Remove(dir + lockSuffix)
+		return nil, fmt.Errorf("create staging directory: %w", err)
+	}
+	return &Pending{Manifest: *m, store: s, dir: dir, lock: lock, imported: manifest}, nil
+}
+
+// idFree fails with ErrExists when the store knows id in any form.
+func (s *Store) idFree(id string) error {
+	var rec Record
+	var listed bool
+	if err := s.view(func(tx *bolt.Tx) error {
+		var err error
+		rec, listed, err = getRecordTx(tx, id)
+		return err
+	}); err != nil {
+		return err
+	}
+	switch {
+	case listed && rec.Status == StatusDeleting:
+		return fmt.Errorf("%w: %s is being removed from this store (run `stasis gc`, then import again)", ErrExists, id)
+	case listed:
+		return fmt.Errorf("%w: %s (job %s, step %d) is already in this store", ErrExists, id, rec.Job, rec.Step)
+	}
+	for _, dir := range []string{s.CheckpointDir(id), s.path(trashDir, id)} {
+		if _, err := os.Lstat(dir); err == nil {
+			return fmt.Errorf("%w: %s exists but is not listed (run `stasis gc`)", ErrExists, dir)
+		}
+	}
+	return nil
+}
+
 // ID is the new checkpoint's ID.
 func (p *Pending) ID() string { return p.Manifest.ID }
 
@@ -105,9 +172,11 @@ func (p *Pending) Commit() (_ *Record, err error) {
 		m.Bytes += f.RawSize
 		m.StoredBytes += f.Size
 	}
-	data, err := m.Marshal()
-	if err != nil {
-		return nil, err
+	data := p.imported
+	if data == nil {
+		if data, err = m.Marshal(); err != nil {
+			return nil, err
+		}
 	}
 	crashPoint("before-manifest")
 	if err := writeFileSync(p.Path(manifestName), data); err != nil {
@@ -119,6 +188,9 @@ func (p *Pending) Commit() (_ *Record, err error) {
 	crashPoint("before-rename")
 	final := p.store.CheckpointDir(m.ID)
 	if err := os.Rename(p.dir, final); err != nil {
+		if p.imported != nil && (errors.Is(err, os.ErrExist) || errors.Is(err, unix.ENOTEMPTY)) {
+			return nil, fmt.Errorf("%w: checkpoint %s appeared in this store during the import", ErrExists, m.ID)
+		}
 		return nil, fmt.Errorf("move checkpoint into place: %w", err)
 	}
 	if err := syncDir(filepath.Dir(final)); err != nil {
@@ -127,7 +199,11 @@ func (p *Pending) Commit() (_ *Record, err error) {
 	}
 	crashPoint("before-index")
 	rec := recordOf(m)
-	if err := p.store.putRecord(rec); err != nil {
+	put := p.store.putRecord
+	if p.imported != nil {
+		put = p.store.putNewRecord
+	}
+	if err := put(rec); err != nil {
 		p.store.discard(m.ID)
 		return nil, fmt.Errorf("checkpoint %s written but not listed, so removed again: %w", m.ID, err)
 	}

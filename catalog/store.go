@@ -17,6 +17,7 @@ const (
 	checkpointsDir  = "checkpoints"
 	stagingDir      = "staging"
 	trashDir        = "trash"
+	cacheDir        = "cache"
 	manifestName    = "manifest"
 	lockSuffix      = ".lock"
 	defaultLockWait = 10 * time.Second
@@ -82,27 +83,39 @@ func (s *Store) path(parts ...string) string {
 // CheckpointDir is the directory of a complete checkpoint.
 func (s *Store) CheckpointDir(id string) string { return s.path(checkpointsDir, id) }
 
+// CacheDir is where data that can be computed again (the hashes of the
+// files a process maps) is kept, cache/<name> in the store. Whoever
+// writes there creates it.
+func (s *Store) CacheDir(name string) string { return s.path(cacheDir, name) }
+
 // ReadManifest reads and checks the manifest of a complete checkpoint.
 func (s *Store) ReadManifest(id string) (*Manifest, error) {
+	m, _, err := s.readManifestFile(id)
+	return m, err
+}
+
+// readManifestFile reads and checks the manifest of a complete checkpoint,
+// and returns its bytes too.
+func (s *Store) readManifestFile(id string) (*Manifest, []byte, error) {
 	if _, err := uuid.Parse(id); err != nil {
-		return nil, fmt.Errorf("%w: %q is not a checkpoint ID", ErrNotFound, id)
+		return nil, nil, fmt.Errorf("%w: %q is not a checkpoint ID", ErrNotFound, id)
 	}
 	file := filepath.Join(s.CheckpointDir(id), manifestName)
 	data, err := os.ReadFile(file)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("%w: %s has no manifest", ErrNotFound, id)
+		return nil, nil, fmt.Errorf("%w: %s has no manifest", ErrNotFound, id)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	m, err := ParseManifest(data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", file, err)
+		return nil, nil, fmt.Errorf("%s: %w", file, err)
 	}
 	if m.ID != id {
-		return nil, fmt.Errorf("%s: %w: it names checkpoint %s", file, ErrBadManifest, m.ID)
+		return nil, nil, fmt.Errorf("%s: %w: it names checkpoint %s", file, ErrBadManifest, m.ID)
 	}
-	return m, nil
+	return m, data, nil
 }
 
 // syncDir makes a directory's entries (new files, renames) durable.

@@ -65,6 +65,11 @@ type Meta struct {
 	FileLocks      bool `json:"file_locks,omitempty"`
 	// GPU is set when processes of the tree use CUDA.
 	GPU *GPUMeta `json:"gpu,omitempty"`
+	// MappedFiles are the files the tree runs and maps, and Mounts the
+	// mounts it uses, when it was frozen: a restore checks that they
+	// are the same.
+	MappedFiles []MappedFile `json:"mapped_files,omitempty"`
+	Mounts      []Mount      `json:"mounts,omitempty"`
 }
 
 // Result reports a checkpoint.
@@ -72,12 +77,14 @@ type Result struct {
 	Record *catalog.Record
 	// GPULock and GPUCheckpoint are the CUDA lock and checkpoint; Dump is
 	// CRIU's time from the start of the dump to the images being complete;
+	// Hash is describing the files the tree maps (hashes, from the cache
+	// where it has them) before it is frozen;
 	// Store is the rest of the storing and the commit; GPUResume is the
 	// CUDA restore and unlock of --leave-running. Pause is how long the
 	// job was stopped (from the lock, or the dump, to its resumption), for
 	// a job that goes on; Total is the whole checkpoint.
-	GPULock, GPUCheckpoint, Dump, Store, GPUResume, Pause, Total time.Duration
-	ImagesInRAM                                                  bool
+	Hash, GPULock, GPUCheckpoint, Dump, Store, GPUResume, Pause, Total time.Duration
+	ImagesInRAM                                                        bool
 }
 
 // Run checkpoints the process tree rooted at o.PID into s.
@@ -111,6 +118,14 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	for _, p := range tree {
 		rss += p.RSSBytes
 	}
+	// Hashing the files the tree maps (a PyTorch job maps gigabytes of
+	// libraries) happens here, while the job runs: once frozen, the same
+	// files are found in the cache at the cost of a stat each.
+	hasher := NewHasher(s.CacheDir("sha256"))
+	hashStart := time.Now()
+	mapped, _ := usedFiles(tree)
+	hasher.Describe(mapped)
+	hashTime := time.Since(hashStart)
 	var gpu *gpuSession
 	var gpuMeta *GPUMeta
 	if pids := cudaPIDs(tree); len(pids) > 0 {
@@ -143,7 +158,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			pending.Abort()
 		}
 	}()
-	res := &Result{}
+	res := &Result{Hash: hashTime}
 	pauseStart := time.Now()
 	// gpuOK tells the watchdog, at the end, whether the job's GPU side runs
 	// again; if not, it tries again once stasis is gone.
@@ -155,14 +170,10 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			return nil, err
 		}
 		defer func() { dog.release(gpuOK) }()
-		timeout := o.LockTimeout
-		if timeout <= 0 {
-			timeout = DefaultLockTimeout
-		}
-		err = gpu.lockAndCheckpoint(timeout)
+		err = gpu.lockAndCheckpoint(o.LockTimeout)
 		res.GPULock, res.GPUCheckpoint = gpu.lockTime, gpu.checkpointTime
 		if err != nil {
-			err = gpu.rollback(err)
+			err = gpu.rollback("checkpoint", err)
 			gpuOK = !gpu.stuck
 			return nil, err
 		}
@@ -173,7 +184,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	// fail rolls the GPU side back after a failure past its checkpoint.
 	fail := func(err error) (*Result, error) {
 		if gpu != nil {
-			err = gpu.rollback(err)
+			err = gpu.rollback("checkpoint", err)
 			gpuOK = !gpu.stuck
 		}
 		return nil, err
@@ -192,7 +203,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	}
 	res.ImagesInRAM = scratch.InRAM()
 	meta := Meta{
-		PID: o.PID, Processes: tree, CRIUVersion: criu.FormatVersion(criuVersion), Kernel: kernelRelease(),
+		PID: o.PID, Processes: tree, CRIUVersion: criu.FormatVersion(criuVersion), Kernel: KernelRelease(),
 		LeaveRunning: o.LeaveRunning, ShellJob: o.CRIU.ShellJob, TCPEstablished: o.CRIU.TCPEstablished,
 		ExtUnixSockets: o.CRIU.ExtUnixSockets, FileLocks: o.CRIU.FileLocks, GPU: gpuMeta,
 	}
@@ -224,15 +235,20 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	}
 
 	var imagesDone time.Time
+	var frozenFiles []string
 	hooks := criu.Hooks{
 		// The tree is frozen and its images complete: store and commit
 		// them now (in fast mode: after the job resumes). An error here
 		// makes CRIU resume the tree.
 		PostDump: func() error {
 			imagesDone = time.Now()
+			// What the tree uses as it was dumped; their hashes come
+			// with the commit, from the cache filled before the freeze.
+			frozenFiles, meta.Mounts = usedFiles(tree)
 			if o.Fast {
 				return nil
 			}
+			meta.MappedFiles = hasher.Describe(frozenFiles)
 			if err := finishFollowing(); err != nil {
 				return err
 			}
@@ -292,6 +308,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		// The job runs again: now compress, checksum and commit (the
 		// images are complete even if the GPU side could not resume).
 		storeStart := time.Now()
+		meta.MappedFiles = hasher.Describe(frozenFiles)
 		rec, err := commit(pending, packer, images, work, meta)
 		if err != nil {
 			packer.Abort()
@@ -353,7 +370,8 @@ func copyLog(from, to string) error {
 	return dst.Close()
 }
 
-func kernelRelease() string {
+// KernelRelease is this machine's kernel release (uname -r).
+func KernelRelease() string {
 	var u unix.Utsname
 	if err := unix.Uname(&u); err != nil {
 		return ""

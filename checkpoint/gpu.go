@@ -12,9 +12,10 @@ import (
 // process already submitted.
 const DefaultLockTimeout = 10 * time.Second
 
-// ErrRolledBack wraps the error of a GPU checkpoint that failed after the
-// lock: every process was restored and unlocked again, and runs on.
-var ErrRolledBack = errors.New("the checkpoint failed and was rolled back; the job runs on")
+// ErrRolledBack wraps the error of a GPU checkpoint or migration that
+// failed after the lock: every process was restored (onto its old GPUs)
+// and unlocked again, and runs on.
+var ErrRolledBack = errors.New("rolled back; the job runs on")
 
 // GPUMeta is what a process checkpoint records about the GPUs.
 type GPUMeta struct {
@@ -37,8 +38,12 @@ type gpuSession struct {
 }
 
 // lockAndCheckpoint locks every CUDA process (waiting up to timeout for
-// each), then checkpoints each. On error the caller rolls back.
+// each; DefaultLockTimeout when zero), then checkpoints each. On error the
+// caller rolls back.
 func (g *gpuSession) lockAndCheckpoint(timeout time.Duration) error {
+	if timeout <= 0 {
+		timeout = DefaultLockTimeout
+	}
 	start := time.Now()
 	defer func() { g.checkpointTime = time.Since(start) - g.lockTime }()
 	for _, pid := range g.pids {
@@ -84,12 +89,13 @@ func (g *gpuSession) resume() error {
 	return nil
 }
 
-// rollback resumes the GPU side after a failure and says so in the error.
-func (g *gpuSession) rollback(cause error) error {
+// rollback resumes the GPU side after a failure of what ("checkpoint",
+// "migration") and says so in the error.
+func (g *gpuSession) rollback(what string, cause error) error {
 	if err := g.resume(); err != nil {
 		return errors.Join(cause, err)
 	}
-	return fmt.Errorf("%w: %w", ErrRolledBack, cause)
+	return fmt.Errorf("the %s failed and was %w: %w", what, ErrRolledBack, cause)
 }
 
 // cudaPIDs returns the processes of the tree that use CUDA.

@@ -5,6 +5,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/gdswriter"
+	"github.com/stasis-ckpt/stasis/restore"
 	ucli "github.com/urfave/cli/v2"
 )
 
@@ -46,6 +48,18 @@ func Run(args []string, stdout, stderr io.Writer) int {
 		err = usagef(err.Error())
 	}
 	code := exitCode(err)
+	var mismatch *restore.MismatchError
+	if errors.As(err, &mismatch) {
+		// One line per mismatch, then what they mean.
+		for _, m := range mismatch.Mismatches {
+			fmt.Fprintf(stderr, "stasis: mismatch: %s\n", m)
+		}
+		for _, w := range mismatch.Warnings {
+			fmt.Fprintf(stderr, "stasis: warning: %s\n", w)
+		}
+		fmt.Fprintf(stderr, "stasis: %s\n", mismatch.Summary())
+		return code
+	}
 	fmt.Fprintf(stderr, "stasis: %s\n", oneLine(err))
 	return code
 }
@@ -78,10 +92,13 @@ func (e *env) app() *ucli.App {
 			e.checkpointCommand(),
 			e.restoreCommand(),
 			e.recoverCommand(),
+			e.migrateCommand(),
 			e.cudaCommand(),
 			e.lsCommand(),
 			e.showCommand(),
 			e.verifyCommand(),
+			e.exportCommand(),
+			e.importCommand(),
 			e.rmCommand(),
 			e.pruneCommand(),
 			e.gcCommand(),

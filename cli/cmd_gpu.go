@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/stasis-ckpt/stasis/checkpoint"
@@ -46,6 +47,67 @@ func (e *env) recoverCommand() *ucli.Command {
 			if failed > 0 {
 				return fmt.Errorf("%d of %d processes could not be recovered", failed, len(done))
 			}
+			return nil
+		},
+	}
+}
+
+func (e *env) migrateCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "migrate",
+		Usage: "move a running GPU job onto other GPUs of this machine, in place (CUDA checkpoint and restore; no CRIU, no files)",
+		Flags: []ucli.Flag{
+			&ucli.IntFlag{Name: "pid", Required: true, Usage: "the job (the root of its process tree)"},
+			&ucli.StringFlag{Name: "gpu-map", Usage: "OLD=NEW,... (GPU indexes or UUIDs): which GPU takes over which; completed one-to-one (0=1 on two GPUs swaps them)"},
+			&ucli.StringFlag{Name: "to-gpu", Usage: "the GPU (index or UUID) that takes over the one GPU the job uses"},
+			&ucli.DurationFlag{Name: "gpu-lock-timeout", Value: checkpoint.DefaultLockTimeout, Usage: "how long the CUDA lock waits for GPU work already submitted; past it the migration is rolled back"},
+			&ucli.BoolFlag{Name: "json", Usage: "print the moves and timings as JSON"},
+		},
+		Action: func(c *ucli.Context) error {
+			if err := noArgs(c); err != nil {
+				return err
+			}
+			if (c.String("gpu-map") == "") == (c.String("to-gpu") == "") {
+				return usagef("give either --gpu-map OLD=NEW,... or --to-gpu N")
+			}
+			gpuMap, err := cuda.ParseGPUMap(c.String("gpu-map"))
+			if err != nil {
+				return usagef(err.Error())
+			}
+			var to string
+			if c.String("to-gpu") != "" {
+				if to, err = cuda.ParseGPUName(c.String("to-gpu")); err != nil {
+					return usagef("--to-gpu: " + err.Error())
+				}
+			}
+			s, err := openStore(c)
+			if err != nil {
+				return err
+			}
+			res, err := checkpoint.Migrate(checkpoint.MigrateOptions{
+				PID: c.Int("pid"), GPUMap: gpuMap, ToGPU: to, LockTimeout: c.Duration("gpu-lock-timeout"), LogPath: s.LogPath("watchdog.log"),
+			})
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(e.stdout, map[string]any{
+					"pid": c.Int("pid"), "cuda_pids": res.PIDs, "moves": res.Moves, "lock_seconds": res.Lock.Seconds(),
+					"checkpoint_seconds": res.Checkpoint.Seconds(), "restore_seconds": res.Restore.Seconds(),
+					"unlock_seconds": res.Unlock.Seconds(), "total_seconds": res.Total.Seconds(),
+				})
+			}
+			if len(res.Moves) == 0 {
+				fmt.Fprintf(e.stdout, "PID %d already runs where the map sends it; nothing to do\n", c.Int("pid"))
+				return nil
+			}
+			moves := make([]string, len(res.Moves))
+			for i, m := range res.Moves {
+				moves[i] = fmt.Sprintf("GPU %d -> GPU %d", m.From.Index, m.To.Index)
+			}
+			ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+			fmt.Fprintf(e.stdout, "migrated PID %d (%s): lock %s, checkpoint %s, restore %s, unlock %s, total %s\n", c.Int("pid"),
+				strings.Join(moves, ", "), ms(res.Lock), ms(res.Checkpoint), ms(res.Restore), ms(res.Unlock), ms(res.Total))
 			return nil
 		},
 	}

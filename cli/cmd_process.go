@@ -7,6 +7,7 @@ import (
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/checkpoint"
 	"github.com/stasis-ckpt/stasis/criu"
+	"github.com/stasis-ckpt/stasis/cuda"
 	"github.com/stasis-ckpt/stasis/gdswriter"
 	"github.com/stasis-ckpt/stasis/restore"
 	ucli "github.com/urfave/cli/v2"
@@ -61,7 +62,7 @@ func (e *env) checkpointCommand() *ucli.Command {
 			rec := res.Record
 			if c.Bool("json") {
 				return printJSON(e.stdout, map[string]any{
-					"record": rec, "gpu_lock_seconds": res.GPULock.Seconds(), "gpu_checkpoint_seconds": res.GPUCheckpoint.Seconds(),
+					"record": rec, "hash_seconds": res.Hash.Seconds(), "gpu_lock_seconds": res.GPULock.Seconds(), "gpu_checkpoint_seconds": res.GPUCheckpoint.Seconds(),
 					"dump_seconds": res.Dump.Seconds(), "store_seconds": res.Store.Seconds(), "gpu_resume_seconds": res.GPUResume.Seconds(),
 					"pause_seconds": res.Pause.Seconds(),
 					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM,
@@ -87,8 +88,8 @@ func (e *env) restoreCommand() *ucli.Command {
 		ArgsUsage: "ID | --job J --latest",
 		Flags: append(selectorFlags(),
 			&ucli.DurationFlag{Name: "pid-wait", Value: 5 * time.Second, Usage: "how long to wait for the checkpoint's PIDs to become free"},
-			&ucli.StringFlag{Name: "gpu-map", Usage: "OLD-UUID=NEW-UUID,...: restore GPU state onto other GPUs (default: the same GPUs, or the same index when they are not here)"},
-			&ucli.BoolFlag{Name: "force", Usage: "restore even if the driver version or GPU models differ"},
+			&ucli.StringFlag{Name: "gpu-map", Usage: "OLD=NEW,... (GPU indexes or UUIDs): restore GPU state onto other GPUs (default: the same GPUs, or the same index when they are not here)"},
+			&ucli.BoolFlag{Name: "force", Usage: "restore even if this machine does not match the checkpoint (files, mounts, driver, GPU models); the differences are printed as warnings"},
 			&ucli.BoolFlag{Name: "new-pidns", Usage: "restore into a new PID namespace, where the tree gets its own PIDs even if they are taken here"},
 			&ucli.BoolFlag{Name: "json", Usage: "print the PID and timings as JSON"},
 		),
@@ -97,7 +98,7 @@ func (e *env) restoreCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
-			gpuMap, err := restore.ParseGPUMap(c.String("gpu-map"))
+			gpuMap, err := cuda.ParseGPUMap(c.String("gpu-map"))
 			if err != nil {
 				return usagef(err.Error())
 			}
@@ -105,9 +106,12 @@ func (e *env) restoreCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
+			for _, w := range res.Warnings {
+				fmt.Fprintf(e.stderr, "stasis: warning: %s\n", w)
+			}
 			if c.Bool("json") {
 				return printJSON(e.stdout, map[string]any{
-					"id": rec.ID, "pid": res.PID, "unpack_seconds": res.Unpack.Seconds(), "criu_seconds": res.CRIU.Seconds(),
+					"warnings": res.Warnings, "id": rec.ID, "pid": res.PID, "unpack_seconds": res.Unpack.Seconds(), "criu_seconds": res.CRIU.Seconds(),
 					"gpu_seconds": res.GPU.Seconds(), "gpu_remapped": len(res.GPUPairs) > 0, "pid_inside_namespace": res.PIDInside,
 					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM,
 				})

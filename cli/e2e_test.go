@@ -47,8 +47,14 @@ type result struct {
 // run runs stasis with home as its store.
 func run(t *testing.T, home string, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(stasisBin, args...)
-	cmd.Env = append(os.Environ(), "STASIS_HOME="+home)
+	return runWithHome(t, home, exec.Command(stasisBin, args...))
+}
+
+// runWithHome runs cmd with STASIS_HOME=home and STASIS naming the
+// binary (for shell scripts), and returns its exit code and output.
+func runWithHome(t *testing.T, home string, cmd *exec.Cmd) result {
+	t.Helper()
+	cmd.Env = append(os.Environ(), "STASIS="+stasisBin, "STASIS_HOME="+home)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -56,7 +62,7 @@ func run(t *testing.T, home string, args ...string) result {
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
 	} else if err != nil {
-		t.Fatalf("run stasis %v: %v", args, err)
+		t.Fatalf("run %v: %v", cmd.Args, err)
 	}
 	return result{code: code, stdout: out.String(), stderr: errb.String()}
 }

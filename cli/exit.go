@@ -27,8 +27,10 @@ const (
 	ExitNoSpace     = 7   // the store's file system is full; the partial checkpoint was removed
 	ExitMissingTool = 8   // CRIU is missing or too old
 	ExitPIDInUse    = 9   // a PID the restored tree needs is taken
-	ExitGPUTimeout  = 10  // the GPU lock timed out; the checkpoint was rolled back and the job runs on
-	ExitMismatch    = 11  // this machine's driver or GPUs do not match the checkpoint
+	ExitGPUTimeout  = 10  // the GPU lock timed out; the checkpoint or migration was rolled back and the job runs on
+	ExitMismatch    = 11  // this machine does not match the checkpoint (driver, GPUs, files, mounts), or a GPU named is not here
+	ExitBadStream   = 13  // an import stream is not a stasis export, is truncated, or holds what an export may not; nothing was imported
+	ExitExists      = 14  // the checkpoint to import is already in the store; nothing was changed
 	ExitInterrupted = 130 // stopped by SIGINT or SIGTERM; the partial checkpoint was removed
 )
 
@@ -38,6 +40,11 @@ type usageError struct{ msg string }
 func (e usageError) Error() string { return e.msg }
 
 func usagef(msg string) error { return usageError{msg: msg} }
+
+// notFoundError marks a file named on the command line that does not exist.
+type notFoundError struct{ err error }
+
+func (e notFoundError) Error() string { return e.err.Error() }
 
 // exitCode maps an error to the documented exit code.
 func exitCode(err error) int {
@@ -51,14 +58,18 @@ func exitCode(err error) int {
 		return ExitInterrupted
 	case cuda.TimedOut(err):
 		return ExitGPUTimeout
-	case errors.Is(err, restore.ErrIncompatible):
+	case errors.Is(err, restore.ErrIncompatible), errors.Is(err, cuda.ErrNoGPU):
 		return ExitMismatch
 	case errors.Is(err, criu.ErrNotInstalled), errors.Is(err, criu.ErrTooOld), errors.Is(err, cuda.ErrUnavailable):
 		return ExitMissingTool
 	case errors.Is(err, restore.ErrPIDInUse):
 		return ExitPIDInUse
-	case errors.Is(err, checkpoint.ErrNoProcess):
+	case errors.Is(err, checkpoint.ErrNoProcess), errors.As(err, new(notFoundError)):
 		return ExitNotFound
+	case errors.Is(err, catalog.ErrBadStream):
+		return ExitBadStream
+	case errors.Is(err, catalog.ErrExists):
+		return ExitExists
 	case errors.Is(err, catalog.ErrAmbiguous):
 		return ExitAmbiguous
 	case errors.Is(err, catalog.ErrNotFound):

@@ -44,6 +44,7 @@ func newFakeDriver(t *testing.T) *fakeDriver {
 		}
 	}
 	t.Setenv("STASIS_LIBCUDA", f.lib)
+	t.Setenv("STASIS_LIBNVML", f.lib)
 	t.Setenv("STASIS_FAKE_CUDA_DIR", f.dir)
 	return f
 }
@@ -81,11 +82,27 @@ func (f *fakeDriver) wantCalls(t *testing.T, pid int, want ...string) {
 	os.Remove(filepath.Join(f.dir, "calls.log"))
 }
 
+// state is pid's checkpoint state in the stand-in ("0" is running).
 func (f *fakeDriver) state(t *testing.T, pid int) string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.state", pid)))
+	return f.perProcess(t, pid, "state")
+}
+
+// gpu is the GPU the stand-in says pid runs on.
+func (f *fakeDriver) gpu(t *testing.T, pid int) string {
+	t.Helper()
+	return f.perProcess(t, pid, "gpu")
+}
+
+// perProcess reads the stand-in's file <pid>.<what>; "0" when there is none.
+func (f *fakeDriver) perProcess(t *testing.T, pid int, what string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.%s", pid, what)))
 	if os.IsNotExist(err) {
 		return "0"
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(data))
 }
@@ -142,13 +159,13 @@ func TestGPUCheckpointThenRestore(t *testing.T) {
 
 	// Another driver version: refused before CRIU runs, unless --force.
 	f.set(t, "version", "12080")
-	expectCode(t, run(t, home, "restore", id), cli.ExitMismatch, `driver for CUDA 13\.0, this one is for CUDA 12\.8`)
+	expectMismatches(t, run(t, home, "restore", id), []string{`driver: the checkpoint was made with a driver for CUDA 13\.0, this one is for CUDA 12\.8`}, nil)
 	if alive(pid) {
 		t.Fatal("a refused restore ran CRIU")
 	}
-	f.set(t, "version", "13000")
 	f.set(t, "gpu-name", "Other GPU")
-	expectCode(t, run(t, home, "restore", id), cli.ExitMismatch, `was a Fake GPU, .* is a Other GPU`)
+	expectMismatches(t, run(t, home, "restore", id), []string{`driver: .*CUDA 12\.8`, `GPU 0 \(GPU-10111213-[0-9a-f-]+\) was a Fake GPU, GPU 0 \(GPU-10111213-[0-9a-f-]+\) that takes it over is a Other GPU`}, nil)
+	f.set(t, "version", "13000")
 	os.Remove(filepath.Join(f.dir, "gpu-name"))
 	f.wantCalls(t, pid)
 
@@ -257,39 +274,55 @@ func TestGPUUnavailable(t *testing.T) {
 }
 
 // TestGPUWatchdog kills stasis with SIGKILL while the job is locked on the
-// GPU side (during a slow CUDA checkpoint): stasis's watchdog notices, and
-// the job is unlocked and runs on without anyone calling recover.
+// GPU side (during a slow CUDA checkpoint), in a checkpoint and in a
+// migration: stasis's watchdog notices, and the job is restored onto its
+// old GPU, unlocked, and runs on without anyone calling recover.
 func TestGPUWatchdog(t *testing.T) {
-	f := newFakeDriver(t)
-	home, tmp := t.TempDir(), t.TempDir()
-	out := filepath.Join(tmp, "count")
-	pid := f.start(t, out)
-	f.set(t, "slow-checkpoint", "")
-	cmd := exec.Command(stasisBin, "checkpoint", "--pid", strconv.Itoa(pid))
-	cmd.Env = append(os.Environ(), "STASIS_HOME="+home)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); f.state(t, pid) != "1"; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("stasis never locked the job")
-		}
-	}
-	cmd.Process.Kill()
-	cmd.Wait()
-	for deadline := time.Now().Add(10 * time.Second); f.state(t, pid) != "0"; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the job is still in GPU state %s after stasis died: no watchdog rescued it", f.state(t, pid))
-		}
-	}
-	waitCounting(t, out, len(counts(t, out))+3)
-	logs, _ := filepath.Glob(filepath.Join(home, "logs", "*-watchdog.log"))
-	if len(logs) != 1 {
-		t.Fatalf("watchdog logs: %v", logs)
-	}
-	report, _ := os.ReadFile(logs[0])
-	if !strings.Contains(string(report), `"action":"unlocked"`) {
-		t.Fatalf("watchdog report: %s", report)
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"checkpoint", []string{"checkpoint"}},
+		{"migrate", []string{"migrate", "--to-gpu", "1"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFakeDriver(t)
+			home, tmp := t.TempDir(), t.TempDir()
+			out := filepath.Join(tmp, "count")
+			pid := f.start(t, out)
+			f.set(t, "devices", "2")
+			f.set(t, fmt.Sprintf("%d.gpu", pid), "0")
+			f.set(t, "slow-checkpoint", "")
+			cmd := exec.Command(stasisBin, append(c.args, "--pid", strconv.Itoa(pid))...)
+			cmd.Env = append(os.Environ(), "STASIS_HOME="+home)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(10 * time.Second); f.state(t, pid) != "1"; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("stasis never locked the job")
+				}
+			}
+			cmd.Process.Kill()
+			cmd.Wait()
+			for deadline := time.Now().Add(10 * time.Second); f.state(t, pid) != "0"; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the job is still in GPU state %s after stasis died: no watchdog rescued it", f.state(t, pid))
+				}
+			}
+			waitCounting(t, out, len(counts(t, out))+3)
+			logs, _ := filepath.Glob(filepath.Join(home, "logs", "*-watchdog.log"))
+			if len(logs) != 1 {
+				t.Fatalf("watchdog logs: %v", logs)
+			}
+			report, _ := os.ReadFile(logs[0])
+			if !strings.Contains(string(report), `"action":"unlocked"`) && !strings.Contains(string(report), `"action":"restored and unlocked"`) {
+				t.Fatalf("watchdog report: %s", report)
+			}
+			if gpu := f.gpu(t, pid); gpu != "0" {
+				t.Fatalf("the job is on GPU %s after the rescue, want its old GPU 0", gpu)
+			}
+		})
 	}
 }
 

@@ -137,7 +137,13 @@ func checkpointPID(t *testing.T, home string, pid int, args ...string) string {
 
 func restorePID(t *testing.T, home string, args ...string) int {
 	t.Helper()
-	r := mustRun(t, home, append([]string{"restore"}, args...)...)
+	return restoredPID(t, mustRun(t, home, append([]string{"restore"}, args...)...))
+}
+
+// restoredPID reads the PID a restore printed last, and ends that process
+// when the test ends.
+func restoredPID(t *testing.T, r result) int {
+	t.Helper()
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	pid, err := strconv.Atoi(lines[len(lines)-1])
 	if err != nil {
@@ -147,16 +153,23 @@ func restorePID(t *testing.T, home string, args ...string) int {
 	return pid
 }
 
+// checkpointedCounter starts testdata/counter.sh, checkpoints it into home
+// with args (the job ends), and returns its PID, the checkpoint's ID, the
+// counter's file and how many numbers it held at the checkpoint.
+func checkpointedCounter(t *testing.T, home string, args ...string) (pid int, id, out string, atDump int) {
+	t.Helper()
+	out = filepath.Join(t.TempDir(), "count")
+	pid = startDetached(t, "testdata/counter.sh", out)
+	waitCounting(t, out, 5)
+	id = checkpointPID(t, home, pid, args...)
+	waitGone(t, pid)
+	return pid, id, out, len(counts(t, out))
+}
+
 func TestCheckpointRestoreCounter(t *testing.T) {
 	requireCRIU(t)
-	home, tmp := t.TempDir(), t.TempDir()
-	out := filepath.Join(tmp, "count")
-	pid := startDetached(t, "testdata/counter.sh", out)
-	waitCounting(t, out, 5)
-
-	id := checkpointPID(t, home, pid, "--job", "counter", "--step", "7")
-	waitGone(t, pid)
-	atDump := len(counts(t, out))
+	home := t.TempDir()
+	pid, id, out, atDump := checkpointedCounter(t, home, "--job", "counter", "--step", "7")
 	if recs := list(t, home); len(recs) != 1 || recs[0].ID != id || recs[0].Kind != "process" || recs[0].Step != 7 {
 		t.Fatalf("ls after checkpoint: %+v", recs)
 	}
@@ -238,12 +251,8 @@ func TestCheckpointLeaveRunningAndPIDTaken(t *testing.T) {
 
 func TestRestoreRefusesCorruptImages(t *testing.T) {
 	requireCRIU(t)
-	home, tmp := t.TempDir(), t.TempDir()
-	out := filepath.Join(tmp, "count")
-	pid := startDetached(t, "testdata/counter.sh", out)
-	waitCounting(t, out, 3)
-	id := checkpointPID(t, home, pid)
-	waitGone(t, pid)
+	home := t.TempDir()
+	pid, id, _, _ := checkpointedCounter(t, home)
 	data := filepath.Join(home, "checkpoints", id, "data.0000")
 	b, err := os.ReadFile(data)
 	if err != nil {

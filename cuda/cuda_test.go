@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -74,13 +75,14 @@ func TestStandInDriver(t *testing.T) {
 		t.Fatalf("Devices = %+v, %v", devs, err)
 	}
 	const pid = 4242
+	gpu0, _ := ParseUUID(devs[0].UUID)
 	steps := []struct {
 		do   func() error
 		want State
 	}{
 		{func() error { return d.Lock(pid, 0) }, Locked},
 		{func() error { return d.Checkpoint(pid) }, Checkpointed},
-		{func() error { return d.Restore(pid, []GPUPair{{}}) }, Locked},
+		{func() error { return d.Restore(pid, []GPUPair{{Old: gpu0, New: gpu0}}) }, Locked},
 		{func() error { return d.Unlock(pid) }, Running},
 	}
 	for i, s := range steps {
@@ -102,6 +104,31 @@ func TestStandInDriver(t *testing.T) {
 	}
 	if tid, err := d.RestoreThreadID(pid); err != nil || tid != pid {
 		t.Fatalf("RestoreThreadID = %d, %v", tid, err)
+	}
+}
+
+// TestNVML asks the stand-in, which also stands in for NVML, which GPUs
+// processes use.
+func TestNVML(t *testing.T) {
+	lib := buildLib(t, "testdata/fakecuda/libcuda.c")
+	dir := t.TempDir()
+	t.Setenv("STASIS_LIBNVML", lib)
+	t.Setenv("STASIS_FAKE_CUDA_DIR", dir)
+	os.WriteFile(filepath.Join(dir, "devices"), []byte("3"), 0o600)
+	os.WriteFile(filepath.Join(dir, "100.gpu"), []byte("2"), 0o600)
+	os.WriteFile(filepath.Join(dir, "200.gpu"), []byte("0"), 0o600)
+	// More processes on GPU 1 than the first call has room for.
+	for pid := 1000; pid < 1100; pid++ {
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("%d.gpu", pid)), []byte("1"), 0o600)
+	}
+	n, err := LoadNVML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pid, want := range map[int]string{100: "[GPU-12131415-1617-1819-1a1b-1c1d1e1f2021]", 200: "[GPU-10111213-1415-1617-1819-1a1b1c1d1e1f]", 300: "[]", 1099: "[GPU-11121314-1516-1718-191a-1b1c1d1e1f20]"} {
+		if got, err := n.ProcessGPUs(pid); err != nil || fmt.Sprint(got) != want {
+			t.Errorf("PID %d uses %v (%v), want %s", pid, got, err, want)
+		}
 	}
 }
 

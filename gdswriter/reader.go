@@ -45,44 +45,69 @@ type ReadOptions struct {
 }
 
 // readChunk reads chunk c (index i) into ext (at least c.Extent() bytes,
-// aligned), checks its stored checksum, decodes it into dst when it is not
-// raw, and checks the decoded checksum. Raw chunks are checked in one pass:
-// the CRC of the data, extended over the zero padding, is the extent's CRC.
-// The returned bytes alias ext (raw chunks) or dst.
+// aligned) and checks and decodes it (Chunk.Verify). The returned bytes
+// alias ext (raw chunks) or dst.
 func (r *Reader) readChunk(i int, c Chunk, ext, dst []byte, dec *Decoder) ([]byte, error) {
-	bad := func(format string, args ...any) error {
-		return &ChunkError{Path: r.path, Index: i, Offset: c.Offset, Reason: fmt.Sprintf(format, args...)}
-	}
 	extent := ext[:c.Extent()]
 	if err := r.file.readAt(extent, c.Offset); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, bad("file is truncated")
+			return nil, &ChunkError{Path: r.path, Index: i, Offset: c.Offset, Reason: "file is truncated"}
 		}
 		return nil, fmt.Errorf("read %s: %w", r.path, err)
+	}
+	raw, err := c.Verify(extent, dst, dec)
+	if err != nil {
+		return nil, &ChunkError{Path: r.path, Index: i, Offset: c.Offset, Reason: err.Error()}
+	}
+	return raw, nil
+}
+
+// CheckStored checks an extent (exactly c.Extent() bytes, as stored in a
+// data file) against the chunk's stored checksum only.
+func (c Chunk) CheckStored(extent []byte) error {
+	if int64(len(extent)) != c.Extent() {
+		return fmt.Errorf("extent of %d bytes, the chunk's is %d", len(extent), c.Extent())
+	}
+	if got := crc32.Checksum(extent, castagnoli); got != c.CRC {
+		return fmt.Errorf("checksum mismatch (stored CRC32C %08x, read %08x)", c.CRC, got)
+	}
+	return nil
+}
+
+// Verify checks an extent (exactly c.Extent() bytes, as stored in a data
+// file) against the chunk's stored checksum, decodes it into dst when it
+// is not raw (dst needs c.Raw bytes of capacity), and checks the decoded
+// checksum. Raw chunks are checked in one pass: the CRC of the data,
+// extended over the zero padding, is the extent's CRC. The returned bytes
+// alias extent (raw chunks) or dst. An error says, in one line, which
+// check failed; callers name the file and chunk (ChunkError).
+func (c Chunk) Verify(extent, dst []byte, dec *Decoder) ([]byte, error) {
+	if int64(len(extent)) != c.Extent() {
+		return nil, fmt.Errorf("extent of %d bytes, the chunk's is %d", len(extent), c.Extent())
 	}
 	stored := extent[:c.Stored]
 	if c.Codec == CodecRaw {
 		rawCRC := crc32.Checksum(stored, castagnoli)
 		if got := crc32.Update(rawCRC, castagnoli, extent[c.Stored:]); got != c.CRC {
-			return nil, bad("checksum mismatch (stored CRC32C %08x, read %08x)", c.CRC, got)
+			return nil, fmt.Errorf("checksum mismatch (stored CRC32C %08x, read %08x)", c.CRC, got)
 		}
 		if rawCRC != c.RawCRC {
-			return nil, bad("decoded data checksum mismatch (stored CRC32C %08x, decoded %08x)", c.RawCRC, rawCRC)
+			return nil, fmt.Errorf("decoded data checksum mismatch (stored CRC32C %08x, decoded %08x)", c.RawCRC, rawCRC)
 		}
 		return stored, nil
 	}
-	if got := crc32.Checksum(extent, castagnoli); got != c.CRC {
-		return nil, bad("checksum mismatch (stored CRC32C %08x, read %08x)", c.CRC, got)
+	if err := c.CheckStored(extent); err != nil {
+		return nil, err
 	}
 	raw, err := dec.Decode(dst[:0], stored, c.Codec, int(c.Raw))
 	if err != nil {
-		return nil, bad("cannot decode %s chunk: %v", c.Codec, err)
+		return nil, fmt.Errorf("cannot decode %s chunk: %v", c.Codec, err)
 	}
 	if int64(len(raw)) != c.Raw {
-		return nil, bad("decoded to %d bytes, expected %d", len(raw), c.Raw)
+		return nil, fmt.Errorf("decoded to %d bytes, expected %d", len(raw), c.Raw)
 	}
 	if got := crc32.Checksum(raw, castagnoli); got != c.RawCRC {
-		return nil, bad("decoded data checksum mismatch (stored CRC32C %08x, decoded %08x)", c.RawCRC, got)
+		return nil, fmt.Errorf("decoded data checksum mismatch (stored CRC32C %08x, decoded %08x)", c.RawCRC, got)
 	}
 	return raw, nil
 }

@@ -1,6 +1,7 @@
 // Package restore is the whole-process restore state machine: it checks the
-// checkpoint and the machine first (kind, CRIU version, the tree's PIDs
-// free), unpacks the images into a scratch directory (in RAM when they fit)
+// checkpoint and the machine first (kind; the files the tree maps, its
+// mounts, the driver and GPU models, each mismatch named; the kernel and
+// CRIU versions, warned about; the tree's PIDs free), unpacks the images into a scratch directory (in RAM when they fit)
 // verifying every chunk before CRIU runs, and has CRIU restore the tree
 // detached, so that it outlives stasis.
 package restore
@@ -29,11 +30,13 @@ type Options struct {
 	// just-killed process stays a zombie until its parent reaps it).
 	PIDWait time.Duration
 	Read    catalog.ReadOptions
-	// GPUMap maps GPU UUIDs of the checkpoint to GPUs of this machine
-	// (ParseGPUMap); by default the same GPUs, or the same index when they
-	// are not here.
-	GPUMap map[string]string
-	// Force restores even when the driver version or GPU models differ.
+	// GPUMap maps GPUs of the checkpoint to GPUs of this machine
+	// (cuda.ParseGPUMap); by default the same GPUs, or the same index when
+	// they are not here.
+	GPUMap cuda.GPUMap
+	// Force restores even when this machine does not match the
+	// checkpoint (a MismatchError without it); the mismatches become
+	// warnings.
 	Force bool
 	// NewPIDNS restores into a new PID namespace, where the tree gets its
 	// own PIDs whatever holds them here.
@@ -51,6 +54,9 @@ type Result struct {
 	Unpack, CRIU, GPU, Total time.Duration
 	ImagesInRAM              bool
 	GPUPairs                 []cuda.GPUPair // the GPU remapping used, if any
+	// Warnings are the ways this machine differs from the checkpoint
+	// that did not stop the restore, one line each.
+	Warnings []string
 }
 
 // Run restores the process checkpoint id.
@@ -67,22 +73,33 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 	if err := json.Unmarshal(m.Meta, &meta); err != nil || len(meta.Processes) == 0 {
 		return nil, fmt.Errorf("%w: checkpoint %s has no process description", catalog.ErrBadManifest, id)
 	}
-	criuPath, _, err := criu.Resolve(o.CRIU.Path)
+	criuPath, criuVersion, err := criu.Resolve(o.CRIU.Path)
 	if err != nil {
 		return nil, err
 	}
 	co := o.CRIU
 	co.Path = criuPath
 	co.ShellJob, co.TCPEstablished, co.ExtUnixSockets, co.FileLocks = meta.ShellJob, meta.TCPEstablished, meta.ExtUnixSockets, meta.FileLocks
+	// Everything this machine must match is checked, and every mismatch
+	// named, before anything runs.
 	var drv *cuda.Driver
 	var pairs []cuda.GPUPair
+	var mismatches []string
 	if meta.GPU != nil {
 		if drv, err = cuda.Load(); err != nil {
 			return nil, fmt.Errorf("checkpoint %s holds GPU state: %w", id, err)
 		}
-		if pairs, err = gpuPlan(meta.GPU, drv, o.GPUMap, o.Force); err != nil {
+		if pairs, mismatches, err = gpuPlan(meta.GPU, drv, o.GPUMap); err != nil {
 			return nil, err
 		}
+	}
+	refuse, warnings := checkMachine(meta, checkpoint.NewHasher(s.CacheDir("sha256")), criu.FormatVersion(criuVersion))
+	mismatches = append(mismatches, refuse...)
+	if len(mismatches) > 0 && !o.Force {
+		return nil, &MismatchError{ID: id, Mismatches: mismatches, Warnings: warnings}
+	}
+	for _, m := range mismatches {
+		warnings = append(warnings, m+" (restoring anyway: --force)")
 	}
 	if !o.NewPIDNS {
 		if err := waitForPIDs(ctx, meta, o.PIDWait); err != nil {
@@ -118,7 +135,7 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 		criu.KeepLog(err, s.KeepLog)
 		return nil, err
 	}
-	res := &Result{PID: pid, PIDInside: inside, Manifest: m, ImagesInRAM: scratch.InRAM(), Unpack: unpacked.Sub(start), CRIU: time.Since(unpacked), GPUPairs: pairs}
+	res := &Result{PID: pid, PIDInside: inside, Manifest: m, ImagesInRAM: scratch.InRAM(), Unpack: unpacked.Sub(start), CRIU: time.Since(unpacked), GPUPairs: pairs, Warnings: warnings}
 	if meta.GPU != nil {
 		t := time.Now()
 		gpuPIDs := meta.GPU.PIDs

@@ -15,19 +15,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-gib=8
-dir=/var/tmp/stasis-bench-gpu
-while getopts "g:d:" opt; do
-	case $opt in
-	g) gib=$OPTARG ;;
-	d) dir=$OPTARG ;;
-	*) echo "usage: $0 [-g GIB] [-d DIR]" >&2; exit 2 ;;
-	esac
-done
-stasis=$PWD/bin/stasis
+source scripts/gpu-lib.sh
+gpu_setup /var/tmp/stasis-bench-gpu "$@"
 criu_bin=${STASIS_CRIU:-$PWD/bin/criu}
-export STASIS_CRIU=$criu_bin STASIS_HOME=$dir/store
-rm -rf "$dir"; mkdir -p "$dir/by-hand"
+export STASIS_CRIU=$criu_bin
+mkdir -p "$dir/by-hand"
 
 now() { date +%s.%N; }
 since() { awk -v a="$(now)" -v b="$1" 'BEGIN { printf "%.3f\n", a - b }'; }
@@ -36,7 +28,6 @@ gone() { while [ -d /proc/$1 ]; do sleep 0.05; done; }
 healthy() { local n; n=$(wc -l <"$1")
 	until [ "$(wc -l <"$1")" -gt "$((n + 2))" ]; do sleep 0.1; done
 	! grep -q "ok=False" "$1"; }
-field() { python3 -c "import json,sys; j=json.load(sys.stdin); print($1)"; }
 
 log=$dir/workload.log
 pid=$(sh -c "setsid python3 cli/testdata/gpu_workload.py '$log' $gib weights </dev/null >'$log.err' 2>&1 & echo \$!")

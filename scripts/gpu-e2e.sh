@@ -10,40 +10,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-gib=8
-dir=/var/tmp/stasis-gpu-e2e
-while getopts "g:d:" opt; do
-	case $opt in
-	g) gib=$OPTARG ;;
-	d) dir=$OPTARG ;;
-	*) echo "usage: $0 [-g GIB] [-d DIR]" >&2; exit 2 ;;
-	esac
-done
-stasis=$PWD/bin/stasis
-export STASIS_HOME=$dir/store
-rm -rf "$dir"; mkdir -p "$dir"
-failures=0
-
-pass() { echo "PASS $1: $2"; }
-fail() { echo "FAIL $1: $2"; failures=$((failures + 1)); }
-lines() { wc -l <"$1" 2>/dev/null || echo 0; }
-# healthy LOG: the workload logs new steps, all ok.
-healthy() {
-	local n; n=$(lines "$1")
-	for _ in $(seq 150); do
-		[ "$(lines "$1")" -gt "$((n + 2))" ] && break
-		sleep 0.2
-	done
-	[ "$(lines "$1")" -gt "$((n + 2))" ] && ! grep -q "ok=False" "$1"
-}
-start() { # start LOG [busy]: prints the PID once the workload is checking
-	local pid
-	pid=$(sh -c "setsid python3 cli/testdata/gpu_workload.py '$1' $gib ${2:-} </dev/null >>'$1.err' 2>&1 & echo \$!")
-	for _ in $(seq 600); do [ -s "$1" ] && break; sleep 0.2; done
-	echo "$pid"
-}
-gone() { for _ in $(seq 300); do [ -d /proc/$1 ] || return 0; sleep 0.1; done; return 1; }
-stop() { kill -9 "$1" 2>/dev/null; gone "$1"; }
+source scripts/gpu-lib.sh
+gpu_setup /var/tmp/stasis-gpu-e2e "$@"
 
 echo "== $(nvidia-smi -L | head -1); $gib GiB of GPU memory per workload"
 

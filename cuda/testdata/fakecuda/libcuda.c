@@ -13,8 +13,19 @@
  * present. Device memory is host memory here: a "device pointer" is a host
  * address, and the copies are memcpy. .../fail-dtoh holding N makes the
  * N-th device-to-host copy fail; pinning and unpinning, stream creation and
- * destruction are counted in calls.log. Built by the tests with gcc -shared -fPIC.
+ * destruction are counted in calls.log.
+ *
+ * GPUs: $STASIS_FAKE_CUDA_DIR/devices holds how many (default 1); GPU i has
+ * the UUID whose bytes are 0x10+i, 0x11+i, ... A process runs on the GPU
+ * in .../<pid>.gpu (default 0). A restore with GPU pairs logs them ("restore
+ * PID 0 0>1 1>0", GPUs by index), moves the process to the GPU its pair
+ * names, and fails when .../fail-restore-pairs exists (when it holds a PID,
+ * only for that process). The same library
+ * stands in for NVML (libnvidia-ml.so.1, loaded through STASIS_LIBNVML): a
+ * GPU's compute processes are the PIDs whose .gpu file names it. Built by
+ * the tests with gcc -shared -fPIC.
  */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,14 +73,20 @@ static int get_state(int pid) {
 	return readint(name, RUNNING);
 }
 
-static void put_state(int pid, int s) {
+static void writeint(const char *name, int v) {
 	char path[4096];
-	snprintf(path, sizeof path, "%s/%d.state", dir(), pid);
+	snprintf(path, sizeof path, "%s/%s", dir(), name);
 	FILE *f = fopen(path, "w");
 	if (f) {
-		fprintf(f, "%d\n", s);
+		fprintf(f, "%d\n", v);
 		fclose(f);
 	}
+}
+
+static void put_state(int pid, int s) {
+	char name[64];
+	snprintf(name, sizeof name, "%d.state", pid);
+	writeint(name, s);
 }
 
 static int transition(const char *call, int pid, int from, int to, int failure) {
@@ -84,10 +101,58 @@ static int transition(const char *call, int pid, int from, int to, int failure) 
 	return r;
 }
 
+static int devices(void) { return readint("devices", 1); }
+
+static int gpu_of(int pid) {
+	char name[64];
+	snprintf(name, sizeof name, "%d.gpu", pid);
+	return readint(name, 0);
+}
+
+static void put_gpu(int pid, int gpu) {
+	char name[64];
+	snprintf(name, sizeof name, "%d.gpu", pid);
+	writeint(name, gpu);
+}
+
+typedef struct { unsigned char old_uuid[16], new_uuid[16]; } gpu_pair;
+typedef struct { gpu_pair *pairs; unsigned int count; } restore_args;
+
+/* A restore onto other GPUs: every pair must name GPUs that exist, and the
+ * pairs must cover the GPU the process ran on. */
+static int restore_pairs(int pid, const restore_args *a) {
+	char log[4096];
+	int n = snprintf(log, sizeof log, "restore");
+	int to = -1, r = OK;
+	for (unsigned int i = 0; i < a->count; i++) {
+		int o = a->pairs[i].old_uuid[0] - 0x10, w = a->pairs[i].new_uuid[0] - 0x10;
+		n += snprintf(log + n, sizeof log - n, " %d>%d", o, w);
+		if (o < 0 || o >= devices() || w < 0 || w >= devices()) r = INVALID_VALUE;
+		if (o == gpu_of(pid)) to = w;
+	}
+	int only = readint("fail-restore-pairs", 0);
+	if (to < 0) r = INVALID_VALUE;
+	else if (failing("restore-pairs") && (only == 0 || only == pid)) r = UNKNOWN;
+	else if (get_state(pid) != CHECKPOINTED) r = ILLEGAL_STATE;
+	if (r == OK) {
+		put_state(pid, LOCKED);
+		put_gpu(pid, to);
+	}
+	char path[4096];
+	snprintf(path, sizeof path, "%s/calls.log", dir());
+	FILE *f = fopen(path, "a");
+	if (f) {
+		/* "restore PID RESULT PAIRS", as the other calls log "call PID RESULT". */
+		fprintf(f, "restore %d %d%s\n", pid, r, log + strlen("restore"));
+		fclose(f);
+	}
+	return r;
+}
+
 int cuInit(unsigned int flags) { (void)flags; return OK; }
 int cuDriverGetVersion(int *v) { *v = readint("version", 13000); return OK; }
-int cuDeviceGetCount(int *n) { *n = 1; return OK; }
-int cuDeviceGet(int *dev, int ordinal) { *dev = ordinal; return ordinal == 0 ? OK : INVALID_VALUE; }
+int cuDeviceGetCount(int *n) { *n = devices(); return OK; }
+int cuDeviceGet(int *dev, int ordinal) { *dev = ordinal; return ordinal >= 0 && ordinal < devices() ? OK : INVALID_VALUE; }
 int cuDeviceGetName(char *name, int len, int dev) {
 	(void)dev;
 	char path[4096];
@@ -118,7 +183,11 @@ int cuGetErrorName(int r, const char **s) {
 int cuCheckpointProcessGetState(int pid, int *state) { *state = get_state(pid); return OK; }
 int cuCheckpointProcessLock(int pid, void *args) { (void)args; return transition("lock", pid, RUNNING, LOCKED, NOT_READY); }
 int cuCheckpointProcessCheckpoint(int pid, void *args) { (void)args; return transition("checkpoint", pid, LOCKED, CHECKPOINTED, UNKNOWN); }
-int cuCheckpointProcessRestore(int pid, void *args) { (void)args; return transition("restore", pid, CHECKPOINTED, LOCKED, UNKNOWN); }
+int cuCheckpointProcessRestore(int pid, void *args) {
+	const restore_args *a = args;
+	if (a && a->count > 0) return restore_pairs(pid, a);
+	return transition("restore", pid, CHECKPOINTED, LOCKED, UNKNOWN);
+}
 int cuCheckpointProcessUnlock(int pid, void *args) { (void)args; return transition("unlock", pid, LOCKED, RUNNING, UNKNOWN); }
 int cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) { *tid = pid; return OK; }
 
@@ -147,3 +216,42 @@ int cuMemHostRegister_v2(void *p, size_t n, unsigned int flags) { (void)p; (void
 int cuMemHostUnregister(void *p) { (void)p; logcall("unregister", 0, OK); return OK; }
 int cuMemAlloc_v2(unsigned long long *p, size_t n) { *p = (unsigned long long)malloc(n); return *p ? OK : UNKNOWN; }
 int cuMemFree_v2(unsigned long long p) { free((void *)p); return OK; }
+
+/* NVML */
+int nvmlInit_v2(void) { return OK; }
+int nvmlDeviceGetCount_v2(unsigned int *n) { *n = devices(); return OK; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **dev) {
+	if ((int)i >= devices()) return INVALID_VALUE;
+	*dev = (void *)(unsigned long)(i + 1);
+	return OK;
+}
+int nvmlDeviceGetUUID(void *dev, char *uuid, unsigned int len) {
+	unsigned char b[16];
+	int d = (int)(unsigned long)dev - 1;
+	cuDeviceGetUuid_v2(b, d);
+	snprintf(uuid, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+		b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+	return OK;
+}
+typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } nvml_process;
+int nvmlDeviceGetComputeRunningProcesses_v3(void *dev, unsigned int *count, nvml_process *out) {
+	int d = (int)(unsigned long)dev - 1;
+	unsigned int n = 0;
+	DIR *dp = opendir(dir());
+	struct dirent *e;
+	while (dp && (e = readdir(dp))) {
+		int pid;
+		char rest[8];
+		if (sscanf(e->d_name, "%d.%7s", &pid, rest) != 2 || strcmp(rest, "gpu") || gpu_of(pid) != d) continue;
+		if (n < *count) {
+			out[n].pid = pid;
+			out[n].used = 1 << 20;
+			out[n].gi = out[n].ci = 0;
+		}
+		n++;
+	}
+	if (dp) closedir(dp);
+	int r = n > *count ? 7 : OK; /* NVML_ERROR_INSUFFICIENT_SIZE */
+	*count = n;
+	return r;
+}

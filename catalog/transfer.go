@@ -1,0 +1,402 @@
+package catalog
+
+import (
+	"archive/tar"
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/google/uuid"
+	"github.com/stasis-ckpt/stasis/gdswriter"
+)
+
+// An export is one tar stream (docs/format.md, "Export streams"): the
+// entry <id>/manifest first, then one entry <id>/<name> per data file in
+// the manifest's order, each a regular file holding the data file's bytes
+// as stored, then the end-of-archive marker. Nothing else: no directories,
+// no links, no other names.
+
+// endOfArchive is tar's end marker: two 512-byte blocks of zeros.
+const (
+	tarBlock     = 512
+	endOfArchive = 2 * tarBlock
+)
+
+// TransferOptions configure Export and Import.
+type TransferOptions struct {
+	// Manifest, when set, is called once the manifest has been read and
+	// checked, before any data moves (to size a progress bar).
+	Manifest func(m *Manifest)
+	// Progress, when set, is called with stored byte counts as data
+	// files move.
+	Progress func(storedBytes int64)
+	// Workers verify chunks at once during an import;
+	// gdswriter.DefaultWorkers() when zero.
+	Workers int
+}
+
+// Export writes checkpoint id to w as one export stream. Every byte is
+// checked as it is read: the manifest's SHA-256, and each extent of each
+// data file against its chunk's CRC32C. A failed check stops the export
+// with an error that wraps gdswriter.ErrCorrupt or ErrBadManifest; what was
+// written before it is not a valid stream (it lacks the end marker).
+func (s *Store) Export(ctx context.Context, id string, w io.Writer, o TransferOptions) (*Manifest, error) {
+	m, manifest, err := s.readManifestFile(id)
+	if err != nil {
+		return nil, err
+	}
+	if o.Manifest != nil {
+		o.Manifest(m)
+	}
+	tw := tar.NewWriter(w)
+	header := func(name string, size int64) *tar.Header {
+		return &tar.Header{Typeflag: tar.TypeReg, Name: m.ID + "/" + name, Size: size, Mode: 0o600, ModTime: m.Created}
+	}
+	if err := tw.WriteHeader(header(manifestName, int64(len(manifest)))); err != nil {
+		return nil, err
+	}
+	if _, err := tw.Write(manifest); err != nil {
+		return nil, err
+	}
+	for _, f := range m.Files {
+		if err := tw.WriteHeader(header(f.Name, f.Size)); err != nil {
+			return nil, err
+		}
+		if err := s.exportData(ctx, m, f, tw, o.Progress); err != nil {
+			return nil, err
+		}
+	}
+	return m, tw.Close()
+}
+
+// extentsInFileOrder returns a data file's chunk indexes in the order of
+// their extents in the file, which the manifest's checks guarantee tile it.
+func extentsInFileOrder(f DataFile) []int {
+	order := make([]int, len(f.Chunks))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(f.Chunks[a].Offset, f.Chunks[b].Offset) })
+	return order
+}
+
+// maxExtent is the largest extent of a data file.
+func maxExtent(f DataFile) int64 {
+	n := int64(gdswriter.Alignment)
+	for _, c := range f.Chunks {
+		n = max(n, c.Extent())
+	}
+	return n
+}
+
+// exportData copies data file f of a complete checkpoint to w, extent by
+// extent, checking each against its chunk's stored CRC.
+func (s *Store) exportData(ctx context.Context, m *Manifest, f DataFile, w io.Writer, progress func(int64)) error {
+	name := filepath.Join(s.CheckpointDir(m.ID), f.Name)
+	file, err := os.Open(name)
+	if err != nil {
+		return fmt.Errorf("%w: data file %s: %v", gdswriter.ErrCorrupt, name, err)
+	}
+	defer file.Close()
+	if st, err := file.Stat(); err != nil || st.Size() != f.Size {
+		return fmt.Errorf("%w: data file %s does not have the %d bytes the manifest says", gdswriter.ErrCorrupt, name, f.Size)
+	}
+	buf := make([]byte, maxExtent(f))
+	for _, i := range extentsInFileOrder(f) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		c := f.Chunks[i]
+		extent := buf[:c.Extent()]
+		if _, err := file.ReadAt(extent, c.Offset); err != nil {
+			return fmt.Errorf("read %s: %w", name, err)
+		}
+		if err := c.CheckStored(extent); err != nil {
+			return &gdswriter.ChunkError{Path: name, Index: i, Offset: c.Offset, Reason: err.Error()}
+		}
+		if _, err := w.Write(extent); err != nil {
+			return err
+		}
+		if progress != nil {
+			progress(c.Extent())
+		}
+	}
+	return nil
+}
+
+// Import reads an export stream from r and adds its checkpoint to the
+// store under its own ID. The checkpoint is staged and committed by the
+// commit protocol, and listed only once every check has passed: the
+// stream's shape (regular files only, the expected names in the expected
+// order, sizes as the manifest says, the end marker and nothing after
+// it), the manifest's SHA-256 and structure, and every chunk of every data
+// file (stored CRC, decoding, decoded CRC). On any failure nothing is
+// listed and nothing is left (a killed import leaves a staging directory
+// that gc removes). Errors wrap ErrBadStream, ErrBadManifest,
+// gdswriter.ErrCorrupt or ErrExists.
+func (s *Store) Import(ctx context.Context, r io.Reader, o TransferOptions) (*Record, error) {
+	counted := &countingReader{r: r}
+	tr := tar.NewReader(counted)
+	hdr, err := nextEntry(tr, 0)
+	if err != nil {
+		return nil, err
+	}
+	id, name, err := entryName(hdr.Name, 0)
+	if err != nil {
+		return nil, err
+	}
+	if name != manifestName {
+		return nil, badStream("entry 0 is %q; an export starts with <id>/manifest", hdr.Name)
+	}
+	if hdr.Size > maxManifestSize {
+		return nil, badStream("the manifest entry declares %d bytes, more than the %d a manifest may have", hdr.Size, maxManifestSize)
+	}
+	manifest := make([]byte, hdr.Size)
+	if _, err := io.ReadFull(tr, manifest); err != nil {
+		return nil, truncated(err, "in the manifest")
+	}
+	p, err := s.BeginImport(manifest)
+	if err != nil {
+		return nil, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			p.Abort()
+		}
+	}()
+	m := &p.Manifest
+	if id != m.ID {
+		return nil, badStream("the manifest is stored under %s/ but names checkpoint %s", id, m.ID)
+	}
+	if o.Manifest != nil {
+		o.Manifest(m)
+	}
+	for i, f := range m.Files {
+		hdr, err := nextEntry(tr, i+1)
+		if err != nil {
+			return nil, err
+		}
+		entryID, name, err := entryName(hdr.Name, i+1)
+		if err != nil {
+			return nil, err
+		}
+		if entryID != m.ID || name != f.Name {
+			return nil, badStream("entry %d is %q; the manifest's data file %d is %s/%s", i+1, hdr.Name, i, m.ID, f.Name)
+		}
+		if hdr.Size != f.Size {
+			return nil, badStream("entry %s holds %d bytes; the manifest says %d", hdr.Name, hdr.Size, f.Size)
+		}
+		if err := importData(ctx, tr, f, p.Path(f.Name), o); err != nil {
+			return nil, err
+		}
+	}
+	if err := expectEnd(counted); err != nil {
+		return nil, err
+	}
+	rec, err := p.Commit()
+	committed = true // a failed Commit removes what it staged
+	return rec, err
+}
+
+func badStream(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadStream, fmt.Sprintf(format, args...))
+}
+
+// truncated reports a stream that ended early (or could not be read).
+func truncated(err error, where string) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return badStream("the stream is truncated %s", where)
+	}
+	return fmt.Errorf("read the import stream %s: %w", where, err)
+}
+
+// nextEntry reads the header of entry n and refuses anything but a regular
+// file.
+func nextEntry(tr *tar.Reader, n int) (*tar.Header, error) {
+	hdr, err := tr.Next()
+	if errors.Is(err, tar.ErrInsecurePath) {
+		err = nil // entryName says what is wrong with the name
+	}
+	switch {
+	case errors.Is(err, io.EOF) && n == 0:
+		return nil, badStream("the stream is empty")
+	case errors.Is(err, io.EOF):
+		return nil, badStream("the stream ends after entry %d; the manifest names more data files", n-1)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return nil, badStream("the stream is truncated in the header of entry %d", n)
+	case errors.Is(err, tar.ErrHeader):
+		return nil, badStream("entry %d: not a tar header (%v)", n, err)
+	case err != nil:
+		return nil, fmt.Errorf("read the import stream: %w", err)
+	}
+	switch hdr.Typeflag {
+	case tar.TypeReg:
+		return hdr, nil
+	case tar.TypeSymlink, tar.TypeLink:
+		return nil, badStream("entry %d (%q) is a link; an export holds regular files only", n, hdr.Name)
+	case tar.TypeDir:
+		return nil, badStream("entry %d (%q) is a directory; an export holds regular files only", n, hdr.Name)
+	}
+	return nil, badStream("entry %d (%q) is of tar type %q; an export holds regular files only", n, hdr.Name, hdr.Typeflag)
+}
+
+// entryName splits an entry's name, <id>/<name>, refusing absolute and
+// climbing paths and anything deeper.
+func entryName(full string, n int) (id, name string, err error) {
+	switch {
+	case strings.HasPrefix(full, "/"):
+		return "", "", badStream("entry %d (%q) has an absolute path", n, full)
+	case slices.Contains(strings.Split(full, "/"), ".."):
+		return "", "", badStream("entry %d (%q) climbs out of its directory with ..", n, full)
+	}
+	id, name, ok := strings.Cut(full, "/")
+	if _, err := uuid.Parse(id); !ok || err != nil || !ValidEntryPath(full) || path.Base(full) != name {
+		return "", "", badStream("entry %d (%q) is not <checkpoint id>/<file name>", n, full)
+	}
+	return id, name, nil
+}
+
+// importData writes the entry being read from tr into the new data file
+// path, extent by extent in file order, and verifies every chunk (stored
+// CRC, decoding, decoded CRC) with several workers while the next extents
+// are read.
+func importData(ctx context.Context, tr io.Reader, f DataFile, path string, o TransferOptions) (err error) {
+	file, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := file.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	workers := o.Workers
+	if workers <= 0 {
+		workers = gdswriter.DefaultWorkers()
+	}
+	workers = max(1, min(workers, len(f.Chunks)))
+	// Each buffer holds an extent and room to decode it.
+	size := maxExtent(f) + f.ChunkSize
+	free := make(chan []byte, workers+1)
+	for range workers + 1 {
+		free <- make([]byte, size)
+	}
+	type job struct {
+		index int
+		buf   []byte
+	}
+	jobs := make(chan job)
+	var failed error
+	var failOnce sync.Once
+	stop := make(chan struct{})
+	fail := func(err error) { failOnce.Do(func() { failed = err; close(stop) }) }
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dec := gdswriter.NewDecoder()
+			for j := range jobs {
+				c := f.Chunks[j.index]
+				extent := j.buf[:c.Extent()]
+				if _, err := c.Verify(extent, j.buf[c.Extent():], dec); err != nil {
+					fail(&gdswriter.ChunkError{Path: f.Name + " (import stream)", Index: j.index, Offset: c.Offset, Reason: err.Error()})
+				}
+				free <- j.buf
+			}
+		}()
+	}
+	readErr := func() error {
+		for _, i := range extentsInFileOrder(f) {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			var buf []byte
+			select {
+			case <-stop:
+				return nil // a chunk failed its checks
+			case buf = <-free:
+			}
+			c := f.Chunks[i]
+			extent := buf[:c.Extent()]
+			if _, err := io.ReadFull(tr, extent); err != nil {
+				return truncated(err, "in data file "+f.Name)
+			}
+			if _, err := file.Write(extent); err != nil {
+				return fmt.Errorf("write %s: %w", path, err)
+			}
+			jobs <- job{index: i, buf: buf}
+			if o.Progress != nil {
+				o.Progress(c.Extent())
+			}
+		}
+		return nil
+	}()
+	close(jobs)
+	wg.Wait()
+	if readErr != nil {
+		return readErr
+	}
+	if failed != nil {
+		return failed
+	}
+	if err := file.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", path, err)
+	}
+	return nil
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n += int64(n)
+	return n, err
+}
+
+// expectEnd checks what follows the last data file's bytes: zero padding
+// to the tar block, the end-of-archive marker, and nothing else but zeros
+// (tar pads archives to whole records with zeros). A stream cut before the
+// marker is truncated; another entry, or any other data, is refused.
+func expectEnd(r *countingReader) error {
+	pad := (tarBlock - r.n%tarBlock) % tarBlock
+	end := make([]byte, pad+endOfArchive)
+	n, err := io.ReadFull(r, end)
+	if !allZeros(end[:n]) {
+		return badStream("more follows the last data file; an export ends there")
+	}
+	if err != nil {
+		return truncated(err, "before the end-of-archive marker")
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := r.Read(buf)
+		if !allZeros(buf[:n]) {
+			return badStream("data follows the end-of-archive marker")
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read the import stream: %w", err)
+		}
+	}
+}
+
+func allZeros(b []byte) bool {
+	return len(bytes.TrimLeft(b, "\x00")) == 0
+}

@@ -1,0 +1,124 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/stasis-ckpt/stasis/catalog"
+	ucli "github.com/urfave/cli/v2"
+)
+
+func (e *env) exportCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "export",
+		Usage:     "write a checkpoint as one stream (a tar file) that `stasis import` takes on another node",
+		ArgsUsage: "ID | --job J --latest",
+		Flags: append(selectorFlags(),
+			&ucli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "-", Usage: "the file to write, or - for stdout (a pipe)"},
+		),
+		Action: func(c *ucli.Context) error {
+			s, rec, err := openSelected(c)
+			if err != nil {
+				return err
+			}
+			out := c.String("output")
+			if out == "-" && isTerminal(e.stdout) {
+				return usagef("stdout is a terminal; give -o FILE or pipe the stream (stasis export ID | ssh node stasis import -)")
+			}
+			bar := newProgress(e.progress, e.stderr, "export", rec.StoredBytes)
+			start := time.Now()
+			err = writeOutput(out, e.stdout, func(w io.Writer) error {
+				_, err := s.Export(c.Context, rec.ID, w, catalog.TransferOptions{Progress: bar.Add})
+				return err
+			})
+			bar.Finish()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stderr, "exported %s (job %s, step %d): %s in %s\n", rec.ID, rec.Job, rec.Step,
+				humanBytes(rec.StoredBytes), time.Since(start).Round(time.Millisecond))
+			return nil
+		},
+	}
+}
+
+// writeOutput runs write on stdout ("-") or on a new file beside name that
+// becomes name only once write has succeeded and the file is durable: a
+// failed export leaves no file that looks whole.
+func writeOutput(name string, stdout io.Writer, write func(io.Writer) error) error {
+	if name == "-" {
+		return write(stdout)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(name), "."+filepath.Base(name)+".partial-*")
+	if err != nil {
+		return err
+	}
+	err = write(tmp)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), name)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+	}
+	return err
+}
+
+func (e *env) importCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "import",
+		Usage:     "add a checkpoint from a `stasis export` stream (a file, or - for stdin) under its own ID; prints the ID last",
+		ArgsUsage: "FILE | -",
+		Flags: []ucli.Flag{
+			&ucli.BoolFlag{Name: "json", Usage: "print the imported checkpoint's record as JSON"},
+		},
+		Action: func(c *ucli.Context) error {
+			if c.Args().Len() != 1 {
+				return usagef("import takes one FILE, or - for stdin")
+			}
+			in := io.Reader(os.Stdin)
+			if name := c.Args().First(); name != "-" {
+				f, err := os.Open(name)
+				if errors.Is(err, fs.ErrNotExist) {
+					return notFoundError{err}
+				}
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				in = f
+			}
+			s, err := openStore(c)
+			if err != nil {
+				return err
+			}
+			var bar *progressBar
+			start := time.Now()
+			rec, err := s.Import(c.Context, in, catalog.TransferOptions{
+				Manifest: func(m *catalog.Manifest) { bar = newProgress(e.progress, e.stderr, "import", m.StoredBytes) },
+				Progress: func(n int64) { bar.Add(n) },
+			})
+			bar.Finish()
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(e.stdout, rec)
+			}
+			fmt.Fprintf(e.stderr, "imported %s (job %s, step %d, %s made on %s): %s verified in %s\n", rec.ID, rec.Job, rec.Step, rec.Kind,
+				rec.Host, humanBytes(rec.StoredBytes), time.Since(start).Round(time.Millisecond))
+			fmt.Fprintln(e.stdout, rec.ID)
+			return nil
+		},
+	}
+}
