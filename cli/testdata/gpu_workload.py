@@ -2,8 +2,8 @@
 # a known pattern (1 GiB tensors of arange ^ i), then every 0.2 s checks
 # every tensor's sum against the one taken at the start and appends
 # "step=N ok=True|False" to OUT. With "busy", each step first runs a GPU
-# kernel that spins for about 3 s (torch.cuda._sleep), to test lock
-# timeouts. With "weights", the tensors hold bf16 values drawn from
+# kernel that spins for about 1.5 s (step 2: about 10 s;
+# torch.cuda._sleep), to test lock timeouts. With "weights", the tensors hold bf16 values drawn from
 # normal(0, 0.02) instead, as model weights do (checked through their bits).
 import sys
 import time
@@ -32,7 +32,10 @@ step = 0
 while True:
     step += 1
     if busy:
-        torch.cuda._sleep(3_000_000_000)  # about 3 s of GPU cycles
+        # Step 2 spins for about 10 s: the scenarios begin once step 1 is
+        # logged, so a short lock timeout surely meets a kernel still
+        # running (with equal steps it could land in the gap between two).
+        torch.cuda._sleep(20_000_000_000 if step == 2 else 3_000_000_000)
     ok = all(int(t.sum(dtype=torch.int64)) == e for t, e in zip(tensors, expected))
     with open(out, "a") as f:
         f.write(f"step={step} ok={ok}\n")
