@@ -2,9 +2,10 @@
 # a known pattern (1 GiB tensors of arange ^ i), then every 0.2 s checks
 # every tensor's sum against the one taken at the start and appends
 # "step=N ok=True|False" to OUT. With "busy", each step first runs a GPU
-# kernel that spins for about 1.5 s (step 2: about 10 s;
-# torch.cuda._sleep), to test lock timeouts. With "weights", the tensors hold bf16 values drawn from
-# normal(0, 0.02) instead, as model weights do (checked through their bits).
+# kernel that spins for about 1.5 s (step 2: about 10 s; torch.cuda._sleep),
+# to test lock timeouts. With "weights", the tensors hold bf16 values drawn
+# from normal(0, 0.02) instead, as model weights do (checked through their
+# bits).
 import sys
 import time
 
