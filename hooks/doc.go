@@ -15,10 +15,11 @@
 //     (Config) or by flags; Checkpoint and Restore wrap the state machines
 //     with them.
 //
-// Caveats: a job's tree is its root's session (stasis starts the job with
-// setsid); processes that leave it (setsid again) are neither reaped nor
-// stopped by stasis run. The job gets SIGKILL when stasis run dies
-// (PR_SET_PDEATHSIG), so that a killed stasis run never leaves a job
-// running unsupervised; descendants of the job's root are not killed with
-// it unless they die with their parent.
+// A job's tree is its root's session (stasis starts the job with setsid):
+// stasis run reaps the processes of the session orphaned to it, forwards
+// signals to the root's process group, and stops the whole session. When
+// stasis run is killed, the job's root gets SIGKILL (PR_SET_PDEATHSIG, which
+// CRIU restores too) and a guard process (RunGuard) kills the rest of the
+// session: no job runs on unsupervised. Processes that leave the session
+// (setsid again) escape all of this.
 package hooks

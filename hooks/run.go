@@ -197,10 +197,16 @@ func Run(ctx context.Context, s *catalog.Store, o RunOptions) (*Outcome, error) 
 	if err := sv.start(ctx, out); err != nil {
 		return nil, err
 	}
+	g, err := startGuard(sv.root)
+	if err != nil {
+		signalTree(sv.root, syscall.SIGKILL)
+		return nil, err
+	}
 	sv.state.JobPID, sv.state.State = sv.root, "running"
 	sv.files.writeState(sv.state)
 	sv.loop(ctx, sigs)
 	sv.finish()
+	g.release()
 	switch {
 	case sv.committed != nil:
 		out.End, out.Checkpoint = Checkpointed, sv.committed
