@@ -16,8 +16,13 @@ deps:
 	./scripts/install-deps.sh
 	./scripts/install-criu.sh
 
+# bin/stasis, and the library for training loops: bin/libstasis.so (the C
+# ABI of capi/stasis.h, which the Python package in python/ loads).
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/stasis ./cmd/stasis
+	$(GO) build -buildmode=c-shared -ldflags "-X main.version=$(VERSION)" -o bin/libstasis.so ./capi
+	rm -f bin/libstasis.h
+	cp capi/stasis.h bin/stasis.h
 
 test: build
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }

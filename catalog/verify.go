@@ -15,6 +15,9 @@ type ReadOptions struct {
 	NoDirect bool
 	// Progress is called with raw byte counts as chunks are delivered.
 	Progress func(rawBytes int64)
+	// Pin registers EachChunk's buffers with a device driver (see
+	// gdswriter.ReadOptions).
+	Pin gdswriter.Pinning
 }
 
 // openData opens data file f of a complete checkpoint after checking its
@@ -51,7 +54,7 @@ func (s *Store) EachChunk(ctx context.Context, m *Manifest, f DataFile, o ReadOp
 		return err
 	}
 	defer r.Close()
-	return r.ForEach(ctx, f.Chunks, gdswriter.ReadOptions{Workers: o.Workers, Progress: o.Progress}, fn)
+	return r.ForEach(ctx, f.Chunks, gdswriter.ReadOptions{Workers: o.Workers, Progress: o.Progress, Pin: o.Pin}, fn)
 }
 
 // ReadFileInto reads the whole decoded stream of data file f into dst

@@ -38,6 +38,10 @@ typedef CUresult (*fnMemHostUnregister)(void *);
 typedef CUresult (*fnDevicePrimaryCtxRetain)(void **, int);
 typedef CUresult (*fnMemAlloc)(uint64_t *, size_t);
 typedef CUresult (*fnMemFree)(uint64_t);
+typedef CUresult (*fnStreamCreate)(void **, unsigned int);
+typedef CUresult (*fnStreamDestroy)(void *);
+typedef CUresult (*fnStreamSynchronize)(void *);
+typedef CUresult (*fnMemcpyDtoHAsync)(void *, uint64_t, size_t, void *);
 
 typedef struct {
 	void *handle;
@@ -63,6 +67,10 @@ typedef struct {
 	fnDevicePrimaryCtxRetain primaryCtxRetain;
 	fnMemAlloc memAlloc;
 	fnMemFree memFree;
+	fnStreamCreate streamCreate;
+	fnStreamDestroy streamDestroy;
+	fnStreamSynchronize streamSynchronize;
+	fnMemcpyDtoHAsync memcpyDtoHAsync;
 } stasisDriver;
 
 static void *stasis_sym(void *h, const char *name) { return dlsym(h, name); }
@@ -94,6 +102,10 @@ static const char *stasis_open(const char *path, stasisDriver *d) {
 	d->primaryCtxRetain = (fnDevicePrimaryCtxRetain)stasis_sym(d->handle, "cuDevicePrimaryCtxRetain");
 	d->memAlloc = (fnMemAlloc)stasis_sym(d->handle, "cuMemAlloc_v2");
 	d->memFree = (fnMemFree)stasis_sym(d->handle, "cuMemFree_v2");
+	d->streamCreate = (fnStreamCreate)stasis_sym(d->handle, "cuStreamCreate");
+	d->streamDestroy = (fnStreamDestroy)stasis_sym(d->handle, "cuStreamDestroy_v2");
+	d->streamSynchronize = (fnStreamSynchronize)stasis_sym(d->handle, "cuStreamSynchronize");
+	d->memcpyDtoHAsync = (fnMemcpyDtoHAsync)stasis_sym(d->handle, "cuMemcpyDtoHAsync_v2");
 	return NULL;
 }
 
@@ -106,6 +118,29 @@ static CUresult stasis_ptr_ctx(stasisDriver *d, uint64_t ptr, void **ctx) {
 static CUresult stasis_dtoh(stasisDriver *d, void *ctx, void *dst, uint64_t src, size_t n) {
 	CUresult r = d->ctxSetCurrent(ctx);
 	return r ? r : d->memcpyDtoH(dst, src, n);
+}
+// stasis_dtoh_many copies n ranges from device to host memory, queued on
+// one stream (created blocking, so it waits for work on the legacy default
+// stream) and waited for once: the copies run back to back, without a
+// round trip each. Without the stream calls, one synchronous copy each.
+// *failed is the index of a copy that could not be queued or made.
+static CUresult stasis_dtoh_many(stasisDriver *d, void *ctx, int n, const uint64_t *dst, const uint64_t *src, const uint64_t *len, int *failed) {
+	CUresult r = d->ctxSetCurrent(ctx);
+	if (r) return r;
+	if (!d->streamCreate || !d->streamDestroy || !d->streamSynchronize || !d->memcpyDtoHAsync) {
+		for (int i = 0; i < n; i++) {
+			if ((r = d->memcpyDtoH((void *)dst[i], src[i], len[i]))) { *failed = i; return r; }
+		}
+		return 0;
+	}
+	void *stream;
+	if ((r = d->streamCreate(&stream, 0))) return r;
+	for (int i = 0; i < n && !r; i++) {
+		if ((r = d->memcpyDtoHAsync((void *)dst[i], src[i], len[i], stream))) *failed = i;
+	}
+	CUresult waited = d->streamSynchronize(stream);
+	d->streamDestroy(stream);
+	return r ? r : waited;
 }
 static CUresult stasis_htod(stasisDriver *d, void *ctx, uint64_t dst, const void *src, size_t n) {
 	CUresult r = d->ctxSetCurrent(ctx);
@@ -473,6 +508,31 @@ func (d *Driver) CopyToHost(ctx Context, dst []byte, src uintptr) error {
 		return nil
 	}
 	return d.check("cuMemcpyDtoH", 0, C.stasis_dtoh(&d.d, unsafe.Pointer(ctx), unsafe.Pointer(&dst[0]), C.uint64_t(src), C.size_t(len(dst))))
+}
+
+// HostCopy is one device-to-host copy of CopyManyToHost.
+type HostCopy struct {
+	Dst []byte // host memory outside Go's heap (from mmap), pinned for full speed
+	Src uintptr
+}
+
+// CopyManyToHost makes the copies, all in ctx, queued on one stream and
+// waited for once, so that they run back to back. On error, the index of
+// the copy that failed is returned (or -1 when it is not known).
+func (d *Driver) CopyManyToHost(ctx Context, copies []HostCopy) (int, error) {
+	if len(copies) == 0 {
+		return -1, nil
+	}
+	dst, src, n := make([]C.uint64_t, len(copies)), make([]C.uint64_t, len(copies)), make([]C.uint64_t, len(copies))
+	for i, c := range copies {
+		if len(c.Dst) > 0 {
+			dst[i] = C.uint64_t(uintptr(unsafe.Pointer(&c.Dst[0])))
+		}
+		src[i], n[i] = C.uint64_t(c.Src), C.uint64_t(len(c.Dst))
+	}
+	failed := C.int(-1)
+	err := d.check("cuMemcpyDtoHAsync", 0, C.stasis_dtoh_many(&d.d, unsafe.Pointer(ctx), C.int(len(copies)), &dst[0], &src[0], &n[0], &failed))
+	return int(failed), err
 }
 
 // CopyToDevice copies src to device memory at dst.

@@ -39,6 +39,9 @@ type ReadOptions struct {
 	// Progress, when set, is called with each chunk's raw size once it has
 	// been delivered.
 	Progress func(rawBytes int64)
+	// Pin, when set, registers ForEach's buffers with a device driver, so
+	// that the bytes handed to fn can be copied to a device at full speed.
+	Pin Pinning
 }
 
 // readChunk reads chunk c (index i) into ext (at least c.Extent() bytes,
@@ -287,7 +290,7 @@ func (r *Reader) ForEach(ctx context.Context, chunks []Chunk, o ReadOptions, fn 
 	for _, c := range chunks {
 		bufSize = max(bufSize, c.Extent(), c.Raw)
 	}
-	pool, err := newBufferPool(2*workers, int(bufSize))
+	pool, err := newPinnedPool(2*workers, int(bufSize), o.Pin)
 	if err != nil {
 		return err
 	}

@@ -36,7 +36,8 @@ var dtypeSizes = map[DType]int{
 	"bool": 1, "int8": 1, "uint8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
 	"int16": 2, "uint16": 2, "fp16": 2, "bf16": 2,
 	"int32": 4, "uint32": 4, "fp32": 4,
-	"int64": 8, "uint64": 8, "fp64": 8,
+	"int64": 8, "uint64": 8, "fp64": 8, "complex64": 8,
+	"complex128": 16,
 }
 
 // Size is the element width in bytes, 0 for an unknown dtype.
@@ -57,10 +58,16 @@ type Tensor struct {
 }
 
 // Meta is what a tensors checkpoint records in its manifest's meta: the
-// path its bytes took, and why.
+// path its bytes took, and why, and the caller's own description of the
+// state the tensors belong to (the Python package keeps the structure of
+// nested dicts and lists, and the small values in it, there).
 type Meta struct {
-	IOPath string `json:"io_path"` // "pinned" (GPU memory through pinned chunk buffers) or "host"
-	Why    string `json:"why"`
+	// IOPath is "pinned" (GPU memory through pinned chunk buffers),
+	// "host" (host memory only) or "snapshot" (a pinned host snapshot
+	// taken before an asynchronous save returned).
+	IOPath string          `json:"io_path"`
+	Why    string          `json:"why"`
+	State  json.RawMessage `json:"state,omitempty"`
 }
 
 const whyPinned = "GPU memory copied by the driver into pinned chunk buffers, checksummed and compressed on the host, written with O_DIRECT; cuFile is not used: stasis checksums every chunk on the host"
@@ -70,6 +77,10 @@ type attrs struct {
 	DType DType   `json:"dtype"`
 	Shape []int64 `json:"shape"`
 }
+
+// Check reports whether t describes itself consistently: a known dtype, a
+// size that matches its shape, one buffer, a usable name.
+func Check(t Tensor) error { return t.check() }
 
 func (t Tensor) check() error {
 	size := t.DType.Size()
@@ -107,6 +118,9 @@ type SaveOptions struct {
 	Step   int64
 	Tags   map[string]string
 	Writer gdswriter.WriterOptions
+	// Meta is recorded in the manifest; an empty IOPath is filled in with
+	// the path the bytes take here.
+	Meta Meta
 }
 
 // Save writes the tensors as a new complete checkpoint. The device memory
@@ -152,18 +166,13 @@ func Save(ctx context.Context, s *catalog.Store, ts []Tensor, o SaveOptions) (*c
 		wo.ElemSize = elem
 	}
 	if drv != nil {
-		wo.Pin = func(b []byte) (func([]byte), error) {
-			if err := drv.RegisterHost(pinCtx, b); err != nil {
-				return nil, err
-			}
-			return func(b []byte) { drv.UnregisterHost(pinCtx, b) }, nil
-		}
+		wo.Pin = pinner(drv, pinCtx)
 	}
 	p, err := s.Begin(catalog.KindTensors, o.Job, o.Step, o.Tags)
 	if err != nil {
 		return nil, err
 	}
-	rec, err := save(ctx, p, drv, ctxs, ts, wo)
+	rec, err := save(ctx, p, drv, ctxs, ts, wo, o.Meta)
 	if err != nil {
 		p.Abort()
 		return nil, err
@@ -171,9 +180,20 @@ func Save(ctx context.Context, s *catalog.Store, ts []Tensor, o SaveOptions) (*c
 	return rec, nil
 }
 
+// pinner registers buffers with the driver (portable: every context may
+// use them), so that copies between them and GPU memory run at full speed.
+func pinner(drv *cuda.Driver, ctx cuda.Context) gdswriter.Pinning {
+	return func(b []byte) (func([]byte), error) {
+		if err := drv.RegisterHost(ctx, b); err != nil {
+			return nil, err
+		}
+		return func(b []byte) { drv.UnregisterHost(ctx, b) }, nil
+	}
+}
+
 const dataFileName = "data.0000"
 
-func save(ctx context.Context, p *catalog.Pending, drv *cuda.Driver, ctxs map[string]cuda.Context, ts []Tensor, wo gdswriter.WriterOptions) (*catalog.Record, error) {
+func save(ctx context.Context, p *catalog.Pending, drv *cuda.Driver, ctxs map[string]cuda.Context, ts []Tensor, wo gdswriter.WriterOptions, meta Meta) (*catalog.Record, error) {
 	w, err := gdswriter.Create(ctx, p.Path(dataFileName), wo)
 	if err != nil {
 		return nil, err
@@ -200,9 +220,12 @@ func save(ctx context.Context, p *catalog.Pending, drv *cuda.Driver, ctxs map[st
 		return nil, err
 	}
 	p.Manifest.Files = []catalog.DataFile{{Name: dataFileName, Size: res.Size, RawSize: res.RawSize, ChunkSize: res.ChunkSize, Chunks: res.Chunks}}
-	meta := Meta{IOPath: "host", Why: "every buffer was in host memory"}
-	if drv != nil {
-		meta = Meta{IOPath: "pinned", Why: whyPinned}
+	switch {
+	case meta.IOPath != "":
+	case drv != nil:
+		meta.IOPath, meta.Why = "pinned", whyPinned
+	default:
+		meta.IOPath, meta.Why = "host", "every buffer was in host memory"
 	}
 	if p.Manifest.Meta, err = json.Marshal(meta); err != nil {
 		return nil, err
@@ -257,6 +280,7 @@ func Load(ctx context.Context, s *catalog.Store, id string, into []Tensor, o cat
 		}
 	}
 	var drv *cuda.Driver
+	var pinCtx cuda.Context
 	type target struct {
 		entry  catalog.Entry
 		t      Tensor
@@ -285,11 +309,15 @@ func Load(ctx context.Context, s *catalog.Store, id string, into []Tensor, o cat
 			if devCtx, err = drv.PointerContext(t.Device); err != nil {
 				return nil, fmt.Errorf("%s: %w", t.Name, err)
 			}
+			pinCtx = devCtx
 		}
 		e := entries[saved[i].Name]
 		if e.Size > 0 {
 			byFile[e.File] = append(byFile[e.File], target{entry: e, t: t, devCtx: devCtx})
 		}
+	}
+	if drv != nil {
+		o.Pin = pinner(drv, pinCtx)
 	}
 	for fi, df := range m.Files {
 		targets := byFile[fi]

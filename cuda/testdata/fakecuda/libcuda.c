@@ -12,8 +12,8 @@
  * GPU name come from $STASIS_FAKE_CUDA_DIR/version and .../gpu-name when
  * present. Device memory is host memory here: a "device pointer" is a host
  * address, and the copies are memcpy. .../fail-dtoh holding N makes the
- * N-th device-to-host copy fail; pinning and unpinning are counted in
- * calls.log. Built by the tests with gcc -shared -fPIC.
+ * N-th device-to-host copy fail; pinning and unpinning, stream creation and
+ * destruction are counted in calls.log. Built by the tests with gcc -shared -fPIC.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,6 +136,12 @@ int cuMemcpyDtoH_v2(void *dst, unsigned long long src, size_t n) {
 	memcpy(dst, (void *)src, n);
 	return OK;
 }
+/* Streams: copies queued on a stream are made at once; a failing copy
+ * counts with the synchronous ones for fail-dtoh. */
+int cuStreamCreate(void **stream, unsigned int flags) { (void)flags; *stream = (void *)2; logcall("stream-create", 0, OK); return OK; }
+int cuStreamDestroy_v2(void *stream) { (void)stream; logcall("stream-destroy", 0, OK); return OK; }
+int cuStreamSynchronize(void *stream) { (void)stream; return OK; }
+int cuMemcpyDtoHAsync_v2(void *dst, unsigned long long src, size_t n, void *stream) { (void)stream; return cuMemcpyDtoH_v2(dst, src, n); }
 int cuMemcpyHtoD_v2(unsigned long long dst, const void *src, size_t n) { memcpy((void *)dst, src, n); return OK; }
 int cuMemHostRegister_v2(void *p, size_t n, unsigned int flags) { (void)p; (void)n; (void)flags; logcall("register", 0, OK); return OK; }
 int cuMemHostUnregister(void *p) { (void)p; logcall("unregister", 0, OK); return OK; }

@@ -1,0 +1,25 @@
+"""stasis for training loops: save a training state (nested dicts and lists
+of torch tensors on the GPU or CPU, NumPy arrays and small Python values)
+into a stasis store, asynchronously, and load it back, straight into GPU
+memory or in place.
+
+    import stasis
+    h = stasis.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
+                    job="llama", step=step)        # returns once the tensors are copied out
+    ...
+    h.wait()                                        # durable and listed
+    state = stasis.load(job="llama", device="cuda") # the latest checkpoint
+
+It calls libstasis.so (the C ABI, capi/stasis.h) through ctypes: found
+through $STASIS_LIB, beside this package, or in the repository's bin/
+(`make` builds it there). The store is $STASIS_HOME (or home=).
+"""
+
+from ._api import SaveHandle, latest, load, save
+from ._api import checkpoints as list
+from ._lib import (CheckpointNotFound, CorruptCheckpoint, InvalidArgument, LibraryError, Mismatch,
+                   SaveInFlight, StasisError, library_path)
+
+__all__ = ["save", "load", "latest", "list", "SaveHandle", "StasisError", "InvalidArgument",
+           "CheckpointNotFound", "CorruptCheckpoint", "Mismatch", "SaveInFlight", "LibraryError",
+           "library_path"]

@@ -1,0 +1,302 @@
+"""save, load, latest and list."""
+
+import atexit
+import builtins
+import ctypes
+import json
+import threading
+import weakref
+
+from . import _lib, _state
+
+# Every save handle the library gave out and that is not released yet, with
+# a weak reference to its SaveHandle. A save whose SaveHandle was dropped
+# still runs; its handle is released once it is done (at the next save),
+# and the process waits for every one at exit, so that a checkpoint begun
+# is not lost because the interpreter ended.
+_open_saves = {}
+_open_lock = threading.Lock()
+
+
+def _reap():
+    """Releases the handles of finished saves nobody can wait for any more."""
+    lib = _lib.lib()
+    with _open_lock:
+        for h, ref in builtins.list(_open_saves.items()):
+            if ref() is None and lib.stasis_save_done(h) != 0:
+                lib.stasis_save_release(h)
+                del _open_saves[h]
+
+
+class SaveHandle:
+    """A save: .wait() returns its record once durable and listed, .done()
+    tells whether it has finished. For an asynchronous save, .waited_s is
+    how long it waited for the save before it and .snapshot_s how long
+    copying the tensors out took."""
+
+    def __init__(self, handle=0, record=None):
+        self._handle = handle
+        self._record = record
+        self._error = None
+        self._lock = threading.Lock()
+        self.waited_s = self.snapshot_s = None
+        if handle:
+            waited, snapshot = ctypes.c_double(), ctypes.c_double()
+            _lib.call(_lib.lib().stasis_save_times, handle, ctypes.byref(waited), ctypes.byref(snapshot))
+            self.waited_s, self.snapshot_s = waited.value, snapshot.value
+            with _open_lock:
+                _open_saves[handle] = weakref.ref(self)
+
+    def done(self):
+        with self._lock:
+            if not self._handle:
+                return True
+            return _lib.lib().stasis_save_done(self._handle) == 1
+
+    def wait(self):
+        """Blocks until the checkpoint is durable and listed; returns its
+        record (a dict with id, job, step, ...). Raises what the save
+        raised."""
+        with self._lock:
+            if self._handle:
+                h, self._handle = self._handle, 0
+                try:
+                    self._record = _lib.call_json(_lib.lib().stasis_save_wait, h)
+                except _lib.StasisError as e:
+                    self._error = e
+                finally:
+                    with _open_lock:
+                        _open_saves.pop(h, None)
+                    _lib.lib().stasis_save_release(h)
+        if self._error is not None:
+            raise self._error
+        return self._record
+
+    @property
+    def id(self):
+        return self.wait()["id"]
+
+
+
+@atexit.register
+def _wait_at_exit():
+    with _open_lock:
+        handles = builtins.list(_open_saves)
+        _open_saves.clear()
+    for h in handles:
+        e = _lib.Error()
+        _lib.lib().stasis_save_wait(h, None, ctypes.byref(e))
+        _lib.lib().stasis_save_release(h)
+
+
+def _ctypes_tensors(items):
+    """A ctypes array of stasis_tensor for [(name, dtype, shape, host, device, nbytes)]
+    and the objects that must stay alive while it is used."""
+    arr = (_lib.Tensor * len(items))()
+    keep = []
+    for i, (name, dtype, shape, host, device, nbytes) in enumerate(items):
+        n, d = name.encode("utf-8"), dtype.encode("utf-8")
+        sh = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        keep += [n, d, sh]
+        arr[i] = _lib.Tensor(n, d, len(shape), sh, host, device, nbytes)
+    return arr, keep
+
+
+def _synchronize(devices):
+    torch = _state._torch()
+    for dev in sorted(devices):
+        if dev.startswith("cuda"):
+            torch.cuda.synchronize(dev)
+
+
+def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compress=None):
+    """Saves state (nested dicts, lists and tuples of torch tensors (CUDA or
+    CPU), NumPy arrays, None, bool, int, float and str) as checkpoint `step`
+    of `job`.
+
+    blocking=False returns once every tensor is copied out (the snapshot):
+    the training loop may then change or free its tensors; compression and
+    writing go on in the background. blocking=True returns once the
+    checkpoint is durable and listed. Either way the result is a SaveHandle.
+    A save while another is in flight waits for it (wait_if_busy=False
+    raises SaveInFlight instead).
+    """
+    tree, leaves = _state.flatten(state)
+    s = _lib.store(home, compress)
+    _reap()
+    lib = _lib.lib()
+    ck = ctypes.c_uint64()
+    _lib.call(lib.stasis_begin, s.handle, job.encode("utf-8"), int(step), ctypes.byref(ck))
+    try:
+        items = []
+        for leaf in leaves:
+            host, device = leaf.pointer()
+            items.append((leaf.name, leaf.dtype, leaf.shape, host, device, leaf.nbytes))
+        arr, keep = _ctypes_tensors(items)
+        if items:
+            _lib.call(lib.stasis_add, ck.value, arr, len(items))
+        _lib.call(lib.stasis_set_state, ck.value, json.dumps({"tree": tree}).encode("utf-8"))
+        _synchronize({leaf.device for leaf in leaves})
+    except BaseException:
+        lib.stasis_discard(ck.value)
+        raise
+    if blocking:
+        record = _lib.call_json(lib.stasis_commit, ck.value, 0, None)
+        del keep
+        return SaveHandle(record=record)
+    flags = _lib.ASYNC | (0 if wait_if_busy else _lib.FAIL_IF_BUSY)
+    h = ctypes.c_uint64()
+    _lib.call(lib.stasis_commit, ck.value, flags, ctypes.byref(h), None)
+    del keep
+    return SaveHandle(handle=h.value)
+
+
+def _find(s, job, step, id):
+    lib = _lib.lib()
+    if id is not None:
+        return _lib.call_json(lib.stasis_describe, s.handle, id.encode("utf-8"))
+    if job is None:
+        raise TypeError("load needs job= or id=")
+    rec = _lib.call_json(lib.stasis_find, s.handle, job.encode("utf-8"), -1 if step is None else int(step))
+    return _lib.call_json(lib.stasis_describe, s.handle, rec["id"].encode("utf-8"))
+
+
+def _torch_dtype(node):
+    torch = _state._torch()
+    return getattr(torch, node["type"])
+
+
+def _allocate(node, device):
+    """A new, empty tensor or array for a saved tensor node."""
+    shape = node["shape"]
+    if node["lib"] == "torch":
+        torch = _state._torch()
+        if torch is None:
+            try:
+                import torch
+            except ImportError:
+                raise _lib.Mismatch(12, f"{node['tensor']} was saved from torch; loading it needs torch") from None
+        target = device if device is not None else node["device"]
+        if str(target).startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(f"{node['tensor']} was saved on {node['device']} and CUDA is not available here: "
+                               "load with device='cpu'")
+        return torch.empty(shape, dtype=_torch_dtype(node), device=target)
+    import numpy as np
+    return np.empty(shape, dtype=np.dtype(node["type"]))
+
+
+def _check_target(node, obj, path):
+    """Raises Mismatch when obj cannot receive the saved tensor node."""
+    where = _state.path_text(path)
+    if node["lib"] == "torch" and _state.is_torch_tensor(obj):
+        got = str(obj.dtype).replace("torch.", "")
+    elif _state.is_numpy_array(obj):
+        got = obj.dtype.newbyteorder("<").str  # a big-endian target is converted
+        if node["lib"] == "torch":
+            raise _lib.Mismatch(12, f"{where}: the checkpoint has a torch tensor, into= has a NumPy array")
+    elif _state.is_torch_tensor(obj):
+        raise _lib.Mismatch(12, f"{where}: the checkpoint has a NumPy array, into= has a torch tensor")
+    else:
+        raise _lib.Mismatch(12, f"{where}: the checkpoint has a tensor, into= has {type(obj).__name__}")
+    if got != node["type"] or list(obj.shape) != node["shape"]:
+        raise _lib.Mismatch(12, f"{where}: the checkpoint has {node['type']}{node['shape']}, "
+                                f"into= has {got}{list(obj.shape)}")
+
+
+def _writable_view(obj, path):
+    """(buffer to load into, whether it must be copied back into obj)."""
+    if _state.is_torch_tensor(obj):
+        if obj.is_contiguous():
+            return obj, False
+        return obj.contiguous(), True
+    if not obj.flags.writeable:
+        raise _lib.Mismatch(12, f"{_state.path_text(path)}: into= has a read-only NumPy array there")
+    if obj.dtype.byteorder == ">":
+        return obj.astype(obj.dtype.newbyteorder("<"), order="C"), True
+    if obj.flags.c_contiguous:
+        return obj, False
+    return obj.copy(order="C"), True
+
+
+def load(job=None, step=None, id=None, device=None, into=None, home=None):
+    """Loads a checkpoint: job's latest (or its `step`), or the one whose
+    ID starts with `id`. Returns the state as it was saved.
+
+    device=None puts torch tensors back on the device they were saved
+    from; device='cuda', 'cuda:1' or 'cpu' puts them there (loaded
+    straight into GPU memory). NumPy arrays stay NumPy arrays.
+    into=STATE loads in place into the tensors and arrays of an existing
+    state of the same structure (the first mismatch is named) and returns
+    the saved structure holding those same objects.
+    """
+    s = _lib.store(home)
+    info = _find(s, job, step, id)
+    tree = (info.get("state") or {}).get("tree")
+    if tree is None:
+        raise _lib.InvalidArgument(2, f"checkpoint {info['id']} was not saved by the Python package "
+                                      "(no state description)")
+    nodes = _state.tensor_nodes(tree)
+    targets = {}
+    if into is not None:
+        saved_paths = {tuple(p) for p, _ in nodes}
+        for path, node in nodes:
+            try:
+                obj = _state.lookup(into, path)
+            except (KeyError, IndexError, TypeError):
+                raise _lib.Mismatch(12, f"{_state.path_text(path)}: the checkpoint has a tensor there, into= has nothing") from None
+            _check_target(node, obj, path)
+            targets[node["tensor"]] = obj
+        for path in _state.tensor_paths(into):
+            if tuple(path) not in saved_paths:
+                raise _lib.Mismatch(12, f"{_state.path_text(path)}: into= has a tensor there, the checkpoint has none")
+    else:
+        for _, node in nodes:
+            targets[node["tensor"]] = _allocate(node, device)
+    items, copy_back, devices = [], [], set()
+    for path, node in nodes:
+        obj = targets[node["tensor"]]
+        buf, back = _writable_view(obj, path)
+        if back:
+            copy_back.append((obj, buf))
+        nbytes = buf.numel() * buf.element_size() if _state.is_torch_tensor(buf) else buf.nbytes
+        host, dev = None, 0
+        if nbytes:
+            if _state.is_torch_tensor(buf) and buf.is_cuda:
+                dev = buf.data_ptr()
+                devices.add(f"cuda:{buf.device.index}")
+            elif _state.is_torch_tensor(buf):
+                host = buf.data_ptr()
+            else:
+                host = buf.ctypes.data
+        items.append((node["tensor"], node["dtype"], node["shape"], host, dev, nbytes))
+    _synchronize(devices)
+    arr, keep = _ctypes_tensors(items)
+    _lib.call(_lib.lib().stasis_load, s.handle, info["id"].encode("utf-8"), arr, len(items))
+    del keep
+    for obj, buf in copy_back:
+        if _state.is_torch_tensor(obj):
+            obj.copy_(buf)
+        else:
+            obj[...] = buf
+    return _state.build(tree, lambda node: targets[node["tensor"]])
+
+
+def _record(r):
+    return {k: r[k] for k in ("id", "job", "step", "created", "kind", "bytes", "stored_bytes", "host") if k in r}
+
+
+def latest(job, home=None):
+    """The record of job's latest complete checkpoint, or None."""
+    s = _lib.store(home)
+    try:
+        return _record(_lib.call_json(_lib.lib().stasis_find, s.handle, job.encode("utf-8"), -1))
+    except _lib.CheckpointNotFound:
+        return None
+
+
+def checkpoints(job=None, home=None):
+    """The records of job's complete checkpoints (every job's when None),
+    oldest step first."""
+    s = _lib.store(home)
+    recs = _lib.call_json(_lib.lib().stasis_list, s.handle, (job or "").encode("utf-8"))
+    return [_record(r) for r in recs]

@@ -1,0 +1,202 @@
+"""Tests of the Python package with NumPy, against a real libstasis.so and
+a real store (run by capi's TestPython, or by hand:
+cd python; STASIS_LIB=../bin/libstasis.so PYTHONPATH=. python3 -m unittest discover -s tests)."""
+
+import glob
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+import numpy as np
+
+import stasis
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sample_state(seed):
+    rng = np.random.default_rng(seed)
+    big = rng.standard_normal((512, 1024)).astype(np.float32)
+    return {
+        "model": {"layer.0/weight": big, "layer.0/bias": rng.standard_normal(1024).astype(np.float16),
+                  "..": np.arange(10, dtype=np.int64), "": np.array(True)},
+        "columns": big[:, ::3],  # not contiguous
+        "big_endian": np.arange(6, dtype=">i4").reshape(2, 3),
+        "empty": np.zeros((0, 4), dtype=np.uint8),
+        "complex": np.array([1 + 2j, -3j], dtype=np.complex64),
+        "opt": {0: {"exp_avg": rng.standard_normal(7)}, 1: {"exp_avg": rng.standard_normal(3)},
+                "groups": [{"betas": (0.9, 0.999), "lr": 3e-4, "foreach": None, "name": "ü"}]},
+        "values": [float("nan"), float("inf"), -float("inf"), 2 ** 62, True, "text", None],
+        "np_scalars": [np.float32(1.5), np.int16(-3), np.bool_(True)],
+    }
+
+
+def assert_same(test, a, b, path="state"):
+    test.assertEqual(type(a), type(b), path)
+    if isinstance(a, np.ndarray):
+        test.assertEqual(a.dtype.newbyteorder("<"), b.dtype.newbyteorder("<"), path)
+        test.assertEqual(a.shape, b.shape, path)
+        test.assertTrue(np.array_equal(a, b), path)
+    elif isinstance(a, dict):
+        test.assertEqual(list(a.keys()), list(b.keys()), path)
+        for k in a:
+            assert_same(test, a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        test.assertEqual(len(a), len(b), path)
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(test, x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and math.isnan(a):
+        test.assertTrue(math.isnan(b), path)
+    else:
+        test.assertEqual(a, b, path)
+        if isinstance(a, np.generic):
+            test.assertEqual(a.dtype, b.dtype, path)
+
+
+class StoreTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.home = os.path.join(self.tmp.name, "store")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_python(self, code, **env):
+        e = dict(os.environ, PYTHONPATH=PYTHON_DIR, STASIS_HOME=self.home, **env)
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e, capture_output=True, text=True)
+
+
+class RoundTrip(StoreTest):
+    def test_blocking_and_async_round_trip(self):
+        for blocking in (True, False):
+            with self.subTest(blocking=blocking):
+                state = sample_state(1)
+                h = stasis.save(state, job="rt", step=10 if blocking else 11, blocking=blocking, home=self.home)
+                rec = h.wait()
+                self.assertTrue(h.done())
+                if not blocking:
+                    self.assertGreater(h.snapshot_s, 0)
+                self.assertEqual((rec["job"], rec["step"]), ("rt", 10 if blocking else 11))
+                loaded = stasis.load(job="rt", step=rec["step"], home=self.home)
+                assert_same(self, state, loaded)
+
+    def test_async_save_is_a_snapshot(self):
+        state = sample_state(2)
+        want = {k: v.copy() for k, v in state["model"].items()}
+        h = stasis.save(state, job="snap", step=1, home=self.home)
+        for arr in state["model"].values():
+            arr[...] = 0
+        h.wait()
+        loaded = stasis.load(job="snap", home=self.home)
+        for k, v in want.items():
+            self.assertTrue(np.array_equal(loaded["model"][k], v), k)
+
+    def test_load_in_place(self):
+        stasis.save(sample_state(3), job="into", step=1, blocking=True, home=self.home)
+        target = sample_state(4)
+        weight, columns = target["model"]["layer.0/weight"], target["columns"]
+        out = stasis.load(job="into", into=target, home=self.home)
+        self.assertIs(out["model"]["layer.0/weight"], weight)
+        want = sample_state(3)
+        self.assertTrue(np.array_equal(weight, want["model"]["layer.0/weight"]))
+        self.assertTrue(np.array_equal(columns, want["columns"]), "a non-contiguous target was not filled")
+        assert_same(self, want, out)
+
+    def test_find_list_latest(self):
+        ids = [stasis.save({"x": np.full(3, s)}, job="steps", step=s, home=self.home).id for s in (5, 6, 7)]
+        self.assertEqual([r["step"] for r in stasis.list("steps", home=self.home)], [5, 6, 7])
+        self.assertEqual(stasis.latest("steps", home=self.home)["id"], ids[2])
+        self.assertIsNone(stasis.latest("nosuchjob", home=self.home))
+        self.assertEqual(stasis.load(id=ids[0][:8], home=self.home)["x"][0], 5)
+        self.assertEqual(stasis.load(job="steps", step=6, home=self.home)["x"][0], 6)
+        with self.assertRaises(stasis.CheckpointNotFound):
+            stasis.load(job="steps", step=99, home=self.home)
+        self.assertEqual(stasis.load(job="steps", home=self.home)["x"][0], 7)
+
+    def test_empty_and_tensorless_states(self):
+        stasis.save({}, job="empty", step=1, blocking=True, home=self.home)
+        self.assertEqual(stasis.load(job="empty", home=self.home), {})
+        stasis.save({"epoch": 3, "tags": ["a"]}, job="plain", step=1, home=self.home).wait()
+        self.assertEqual(stasis.load(job="plain", home=self.home), {"epoch": 3, "tags": ["a"]})
+
+    def test_second_save_waits_or_refuses(self):
+        big = {"w": np.random.default_rng(5).standard_normal(48 << 20 >> 3)}
+        first = stasis.save(big, job="busy", step=1, home=self.home)
+        if first.done():
+            self.skipTest("the first save finished before a second could start")
+        with self.assertRaises(stasis.SaveInFlight):
+            stasis.save({"w": np.ones(3)}, job="busy", step=2, wait_if_busy=False, home=self.home)
+        second = stasis.save({"w": np.ones(3)}, job="busy", step=3, home=self.home)
+        self.assertTrue(first.done(), "the second save did not wait for the first")
+        second.wait()
+        self.assertEqual([r["step"] for r in stasis.list("busy", home=self.home)], [1, 3])
+
+    def test_exit_with_a_save_in_flight(self):
+        r = self.run_python("""
+            import numpy as np, stasis
+            stasis.save({"w": np.arange(8 << 20, dtype=np.float32)}, job="exit", step=1)
+        """)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        loaded = stasis.load(job="exit", home=self.home)
+        self.assertTrue(np.array_equal(loaded["w"], np.arange(8 << 20, dtype=np.float32)))
+
+
+class BadInput(StoreTest):
+    def test_unsupported_object_names_its_path(self):
+        with self.assertRaisesRegex(TypeError, r"state\['opt'\]\['groups'\]\[0\]\['fn'\]: objects of type builtins.function"):
+            stasis.save({"opt": {"groups": [{"fn": lambda: 0}]}}, job="bad", step=1, home=self.home)
+        with self.assertRaisesRegex(TypeError, r"state\['k'\]: key 1.5"):
+            stasis.save({"k": {1.5: 1}}, job="bad", step=1, home=self.home)
+        with self.assertRaisesRegex(TypeError, "NumPy dtype"):
+            stasis.save({"s": np.array(["text"])}, job="bad", step=1, home=self.home)
+        self.assertEqual(stasis.list("bad", home=self.home), [])
+
+    def test_bad_job_name(self):
+        with self.assertRaises(stasis.InvalidArgument):
+            stasis.save({}, job=" spaced ", step=1, home=self.home)
+
+    def test_load_into_a_structure_that_does_not_match(self):
+        stasis.save({"a": {"w": np.zeros((2, 3), np.float32)}, "b": np.zeros(2)}, job="m", step=1, blocking=True, home=self.home)
+        cases = [
+            ({"a": {"w": np.zeros((3, 2), np.float32)}, "b": np.zeros(2)}, r"state\['a'\]\['w'\]: the checkpoint has <f4\[2, 3\], into= has <f4\[3, 2\]"),
+            ({"a": {"w": np.zeros((2, 3), np.float64)}, "b": np.zeros(2)}, r"state\['a'\]\['w'\]: the checkpoint has <f4"),
+            ({"a": {}, "b": np.zeros(2)}, r"state\['a'\]\['w'\]: the checkpoint has a tensor there, into= has nothing"),
+            ({"a": {"w": np.zeros((2, 3), np.float32)}, "b": np.zeros(2), "c": np.zeros(1)}, r"state\['c'\]: into= has a tensor there"),
+            ({"a": {"w": 1.0}, "b": np.zeros(2)}, r"state\['a'\]\['w'\]: the checkpoint has a tensor, into= has float"),
+        ]
+        for into, pattern in cases:
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(stasis.Mismatch, pattern):
+                    stasis.load(job="m", into=into, home=self.home)
+
+    def test_corrupted_chunk_is_refused(self):
+        rid = stasis.save({"w": np.arange(1 << 20, dtype=np.float32)}, job="rot", step=1, home=self.home).id
+        data = glob.glob(os.path.join(self.home, "checkpoints", rid, "data.*"))[0]
+        with open(data, "r+b") as f:
+            f.seek(100)
+            b = f.read(1)
+            f.seek(100)
+            f.write(bytes([b[0] ^ 0x40]))
+        with self.assertRaisesRegex(stasis.CorruptCheckpoint, "chunk"):
+            stasis.load(job="rot", home=self.home)
+
+    def test_library_missing_or_of_another_version(self):
+        r = self.run_python("import stasis; stasis.list()", STASIS_LIB=os.path.join(self.tmp.name, "nope.so"))
+        self.assertIn("libstasis.so not found", r.stderr)
+        self.assertIn("run `make`", r.stderr)
+        src = os.path.join(self.tmp.name, "old.c")
+        with open(src, "w") as f:
+            f.write("int stasis_abi_version(void) { return 99; }\n")
+        old = os.path.join(self.tmp.name, "libold.so")
+        if subprocess.run(["gcc", "-shared", "-fPIC", "-o", old, src]).returncode != 0:
+            self.skipTest("gcc could not build a library of another ABI version")
+        r = self.run_python("import stasis; stasis.list()", STASIS_LIB=old)
+        self.assertIn("has ABI version 99, this package needs 1", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,177 @@
+package stasis
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"sync/atomic"
+	"time"
+
+	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/gdswriter"
+	"github.com/stasis-ckpt/stasis/tensors"
+)
+
+// Checkpoint collects the buffers of one checkpoint until it is committed.
+// It is used by one goroutine.
+type Checkpoint struct {
+	store   *Store
+	job     string
+	step    int64
+	tags    map[string]string
+	tensors []Tensor
+	names   map[string]bool
+	state   json.RawMessage
+	used    bool
+}
+
+// Begin starts a checkpoint of job at step.
+func (s *Store) Begin(job string, step int64) *Checkpoint {
+	return &Checkpoint{store: s, job: job, step: step, names: map[string]bool{}}
+}
+
+// Add adds a buffer. Its memory must stay valid until Commit returns, or
+// until CommitAsync returns (the snapshot is taken by then).
+func (c *Checkpoint) Add(t Tensor) error {
+	if c.names[t.Name] {
+		return fmt.Errorf("%w: two tensors are named %s", ErrMismatch, t.Name)
+	}
+	if err := tensors.Check(t); err != nil {
+		return err
+	}
+	c.names[t.Name] = true
+	c.tensors = append(c.tensors, t)
+	return nil
+}
+
+// SetState records the caller's description of the state the tensors
+// belong to (any JSON value); Describe returns it.
+func (c *Checkpoint) SetState(state json.RawMessage) error {
+	if !json.Valid(state) {
+		return fmt.Errorf("%w: the state description is not valid JSON", catalog.ErrInvalid)
+	}
+	c.state = append(json.RawMessage(nil), state...)
+	return nil
+}
+
+// Tag adds a tag to the checkpoint's record.
+func (c *Checkpoint) Tag(key, value string) {
+	if c.tags == nil {
+		c.tags = map[string]string{}
+	}
+	c.tags[key] = value
+}
+
+func (c *Checkpoint) options(meta tensors.Meta) tensors.SaveOptions {
+	meta.State = c.state
+	return tensors.SaveOptions{
+		Job: c.job, Step: c.step, Tags: maps.Clone(c.tags), Meta: meta,
+		Writer: gdswriter.WriterOptions{Method: c.store.method, Workers: c.store.workers},
+	}
+}
+
+func (c *Checkpoint) take() error {
+	if c.used {
+		return fmt.Errorf("%w: this checkpoint was already committed", catalog.ErrInvalid)
+	}
+	c.used = true
+	if err := catalog.ValidateJob(c.job); err != nil {
+		return err
+	}
+	return catalog.ValidateTags(c.tags)
+}
+
+// Commit writes the checkpoint and returns once it is durable and listed.
+// GPU memory is copied chunk by chunk into pinned buffers as the writer
+// needs it, so the buffers must not change until Commit returns. A save in
+// flight is waited for first.
+func (c *Checkpoint) Commit(ctx context.Context) (Record, error) {
+	if err := c.take(); err != nil {
+		return Record{}, err
+	}
+	s := c.store
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
+	if s.inflight != nil {
+		s.inflight.Wait()
+	}
+	rec, err := tensors.Save(ctx, s.cat, c.tensors, c.options(tensors.Meta{}))
+	if err != nil {
+		return Record{}, err
+	}
+	return *rec, nil
+}
+
+// AsyncOptions configure CommitAsync.
+type AsyncOptions struct {
+	// FailIfBusy makes CommitAsync return ErrSaveInFlight instead of waiting when
+	// an earlier save is still in flight.
+	FailIfBusy bool
+}
+
+// Save is an asynchronous save: the snapshot is taken, the write runs in
+// the background.
+type Save struct {
+	done atomic.Bool
+	ch   chan struct{}
+	rec  Record
+	err  error
+	// Waited is how long CommitAsync waited for the save before it;
+	// Snapshot is how long it took to copy the buffers out. Their sum is
+	// the training loop's stall.
+	Waited, Snapshot time.Duration
+}
+
+// Wait blocks until the checkpoint is durable and listed (or failed).
+func (v *Save) Wait() (Record, error) {
+	<-v.ch
+	return v.rec, v.err
+}
+
+// Done reports whether the save has finished (successfully or not).
+func (v *Save) Done() bool { return v.done.Load() }
+
+const whySnapshot = "buffers copied into a pinned host snapshot before the save returned (GPU memory by the driver), then checksummed, compressed and written with O_DIRECT in the background"
+
+// CommitAsync copies every buffer into the store's snapshot memory (pinned
+// host memory, kept for later saves) and returns; compression, writing and
+// the commit run in the background. Once it returns the caller may change
+// or free the buffers. A save still in flight is waited for first, unless
+// o.FailIfBusy. An error during the snapshot is returned at once, and
+// nothing is listed. Cancelling ctx aborts the background save.
+func (c *Checkpoint) CommitAsync(ctx context.Context, o AsyncOptions) (*Save, error) {
+	if err := c.take(); err != nil {
+		return nil, err
+	}
+	s := c.store
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
+	start := time.Now()
+	if prev := s.inflight; prev != nil && !prev.Done() {
+		if o.FailIfBusy {
+			return nil, fmt.Errorf("%w: the save of step %d has not finished", ErrSaveInFlight, prev.rec.Step)
+		}
+		prev.Wait()
+	}
+	waited := time.Now()
+	views, err := s.arena.snapshot(c.tensors)
+	if err != nil {
+		return nil, err
+	}
+	v := &Save{ch: make(chan struct{}), Waited: waited.Sub(start), Snapshot: time.Since(waited)}
+	v.rec.Step = c.step
+	opts := c.options(tensors.Meta{IOPath: "snapshot", Why: whySnapshot})
+	s.inflight = v
+	go func() {
+		defer close(v.ch)
+		defer v.done.Store(true)
+		rec, err := tensors.Save(ctx, s.cat, views, opts)
+		if err != nil {
+			v.err = err
+			return
+		}
+		v.rec = *rec
+	}()
+	return v, nil
+}

@@ -1,0 +1,168 @@
+package stasis
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/stasis-ckpt/stasis/cuda"
+	"golang.org/x/sys/unix"
+)
+
+// snapshotArena is the host memory (from mmap, outside Go's heap) that
+// asynchronous saves copy buffers into. When GPU memory is copied into it,
+// it is registered with the driver (pinned), so the copies run at the
+// bus's speed. It is kept, pinned, for the next save: pinning gigabytes
+// takes longer than copying them. It grows to the largest state saved and
+// is freed by Store.Close.
+type snapshotArena struct {
+	buf    []byte
+	drv    *cuda.Driver
+	pinned cuda.Context // the context it was registered in; nil when not pinned
+}
+
+const (
+	snapshotAlign = 256      // each buffer's offset in the arena
+	snapshotPiece = 64 << 20 // bytes per task of a host memory copy
+	arenaGrain    = 2 << 20  // the arena's size is a multiple of this
+)
+
+// snapshot copies every buffer of ts into the arena and returns host views
+// of the copies, named and shaped as the originals.
+func (a *snapshotArena) snapshot(ts []Tensor) ([]Tensor, error) {
+	offsets := make([]int64, len(ts))
+	var total int64
+	var firstDevice uintptr
+	for i, t := range ts {
+		offsets[i] = total
+		total += (t.Bytes + snapshotAlign - 1) / snapshotAlign * snapshotAlign
+		if t.Device != 0 && firstDevice == 0 {
+			firstDevice = t.Device
+		}
+	}
+	if err := a.reserve(total); err != nil {
+		return nil, err
+	}
+	contexts := make([]cuda.Context, len(ts))
+	if firstDevice != 0 {
+		if a.drv == nil {
+			drv, err := cuda.Load()
+			if err != nil {
+				return nil, err
+			}
+			a.drv = drv
+		}
+		for i, t := range ts {
+			if t.Device == 0 {
+				continue
+			}
+			ctx, err := a.drv.PointerContext(t.Device)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", t.Name, err)
+			}
+			contexts[i] = ctx
+		}
+		if a.pinned == nil {
+			if err := a.drv.RegisterHost(contexts[indexOfDevice(ts)], a.buf); err != nil {
+				return nil, fmt.Errorf("pin %d bytes of snapshot memory: %w", len(a.buf), err)
+			}
+			a.pinned = contexts[indexOfDevice(ts)]
+		}
+	}
+	views := make([]Tensor, len(ts))
+	for i, t := range ts {
+		v := t
+		v.Device, v.Host = 0, a.buf[offsets[i]:offsets[i]+t.Bytes:offsets[i]+t.Bytes]
+		views[i] = v
+	}
+	var wg sync.WaitGroup
+	var errOnce sync.Once
+	var firstErr error
+	setErr := func(err error) { errOnce.Do(func() { firstErr = err }) }
+	// GPU memory: per context, every copy queued on one stream at once.
+	byContext := map[cuda.Context][]int{}
+	for i, t := range ts {
+		if t.Device != 0 && t.Bytes > 0 {
+			byContext[contexts[i]] = append(byContext[contexts[i]], i)
+		}
+	}
+	for ctx, idx := range byContext {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			copies := make([]cuda.HostCopy, len(idx))
+			for k, i := range idx {
+				copies[k] = cuda.HostCopy{Dst: views[i].Host, Src: ts[i].Device}
+			}
+			if failed, err := a.drv.CopyManyToHost(ctx, copies); err != nil {
+				if failed >= 0 {
+					err = fmt.Errorf("%s: %w", ts[idx[failed]].Name, err)
+				}
+				setErr(err)
+			}
+		}()
+	}
+	// Host memory: copied in pieces by several workers.
+	type piece struct{ tensor, off, n int64 }
+	work := make(chan piece)
+	for range max(runtime.GOMAXPROCS(0), 4) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for p := range work {
+				copy(views[p.tensor].Host[p.off:p.off+p.n], ts[p.tensor].Host[p.off:p.off+p.n])
+			}
+		}()
+	}
+	for i, t := range ts {
+		if t.Device != 0 {
+			continue
+		}
+		for off := int64(0); off < t.Bytes; off += snapshotPiece {
+			work <- piece{int64(i), off, min(snapshotPiece, t.Bytes-off)}
+		}
+	}
+	close(work)
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	return views, nil
+}
+
+func indexOfDevice(ts []Tensor) int {
+	for i, t := range ts {
+		if t.Device != 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// reserve makes the arena at least n bytes long, replacing a smaller one.
+func (a *snapshotArena) reserve(n int64) error {
+	if n <= int64(len(a.buf)) {
+		return nil
+	}
+	a.release()
+	size := (n + arenaGrain - 1) / arenaGrain * arenaGrain
+	buf, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return fmt.Errorf("allocate %d bytes of snapshot memory: %w", size, err)
+	}
+	a.buf = buf
+	return nil
+}
+
+// release unpins and frees the arena.
+func (a *snapshotArena) release() {
+	if a.buf == nil {
+		return
+	}
+	if a.pinned != nil {
+		a.drv.UnregisterHost(a.pinned, a.buf)
+		a.pinned = nil
+	}
+	unix.Munmap(a.buf)
+	a.buf = nil
+}

@@ -1,0 +1,185 @@
+// Package stasis is the library a training loop calls: it saves named GPU
+// or host buffers as one checkpoint of kind "tensors", either blocking or in
+// the background after a snapshot, and loads them back into buffers the
+// caller provides. It is the Go API; the C ABI (capi) and the Python
+// package (python/stasis) are built on it.
+//
+//	s, _ := stasis.Open(stasis.Options{})
+//	c := s.Begin("llama", 1200)
+//	c.Add(stasis.Tensor{Name: "w", DType: "bf16", Shape: []int64{4096, 4096}, Device: ptr, Bytes: 32 << 20})
+//	save, _ := c.CommitAsync(ctx) // returns once the GPU data is copied out
+//	// ... the training step may change the buffers now ...
+//	rec, err := save.Wait()
+package stasis
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/gdswriter"
+	"github.com/stasis-ckpt/stasis/tensors"
+)
+
+// Tensor is a named buffer: a device pointer or host memory, its dtype and
+// shape. See tensors.Tensor.
+type Tensor = tensors.Tensor
+
+// DType is an element type ("bf16", "fp32", ...).
+type DType = tensors.DType
+
+// Record is what the catalog keeps about a checkpoint.
+type Record = catalog.Record
+
+// ErrMismatch is wrapped by errors about buffers that do not match what
+// they describe or what a checkpoint holds.
+var ErrMismatch = tensors.ErrMismatch
+
+// ErrSaveInFlight is returned by a save asked not to wait while another is in
+// flight.
+var ErrSaveInFlight = errors.New("a save is in flight")
+
+// Options configure a Store.
+type Options struct {
+	// Home is the store's directory: $STASIS_HOME when empty, else the
+	// default of catalog.DefaultHome.
+	Home string
+	// LockTimeout bounds the wait for the catalog's lock (10 s when zero).
+	LockTimeout time.Duration
+	// Compress is the codec method: "auto" (the default), "none", "zstd"
+	// or "s2".
+	Compress string
+	// Workers is the number of compression and I/O workers (0: the
+	// writer's default).
+	Workers int
+}
+
+// Store is an open checkpoint store. Its methods may be called from several
+// goroutines; saves are serialized (one in flight at a time).
+type Store struct {
+	cat     *catalog.Store
+	method  gdswriter.Method
+	workers int
+
+	saveMu   sync.Mutex // held while a save is begun: one snapshot at a time
+	inflight *Save      // the latest asynchronous save
+	arena    snapshotArena
+}
+
+// Open opens (creating if needed) the store.
+func Open(o Options) (*Store, error) {
+	home := o.Home
+	if home == "" {
+		home = os.Getenv("STASIS_HOME")
+	}
+	if home == "" {
+		var err error
+		if home, err = catalog.DefaultHome(); err != nil {
+			return nil, err
+		}
+	}
+	method := gdswriter.MethodAuto
+	if o.Compress != "" {
+		var err error
+		if method, err = gdswriter.ParseMethod(o.Compress); err != nil {
+			return nil, fmt.Errorf("%w: %v", catalog.ErrInvalid, err)
+		}
+	}
+	cat, err := catalog.Open(home, catalog.Options{LockTimeout: o.LockTimeout})
+	if err != nil {
+		return nil, err
+	}
+	return &Store{cat: cat, method: method, workers: o.Workers}, nil
+}
+
+// Home is the store's directory.
+func (s *Store) Home() string { return s.cat.Root }
+
+// Close waits for a save in flight and frees the snapshot memory. The
+// Store must not be used afterwards.
+func (s *Store) Close() error {
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
+	var err error
+	if s.inflight != nil {
+		_, err = s.inflight.Wait()
+	}
+	s.arena.release()
+	return err
+}
+
+// List returns the complete checkpoints of job ("" for all jobs), oldest
+// step first.
+func (s *Store) List(job string) ([]Record, error) {
+	return s.cat.List(catalog.Filter{Job: job})
+}
+
+// Find returns job's checkpoint at step, or its latest one when step < 0.
+// Among checkpoints of the same step the newest wins.
+func (s *Store) Find(job string, step int64) (Record, error) {
+	if step < 0 {
+		return s.cat.Latest(job)
+	}
+	recs, err := s.cat.List(catalog.Filter{Job: job})
+	if err != nil {
+		return Record{}, err
+	}
+	for i := len(recs) - 1; i >= 0; i-- {
+		if recs[i].Step == step {
+			return recs[i], nil
+		}
+	}
+	return Record{}, fmt.Errorf("%w: job %q has no complete checkpoint at step %d", catalog.ErrNotFound, job, step)
+}
+
+// Info describes a tensors checkpoint: its record, its tensors (without
+// buffers), and what the saver recorded about its state.
+type Info struct {
+	Record
+	Tensors []Tensor        `json:"tensors"`
+	State   json.RawMessage `json:"state,omitempty"`
+	IOPath  string          `json:"io_path"`
+}
+
+// Describe reads the manifest of the checkpoint whose ID starts with id.
+func (s *Store) Describe(id string) (*Info, error) {
+	rec, err := s.cat.Resolve(id)
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.cat.ReadManifest(rec.ID)
+	if err != nil {
+		return nil, err
+	}
+	ts, err := tensors.Describe(m)
+	if err != nil {
+		return nil, err
+	}
+	info := &Info{Record: rec, Tensors: ts}
+	if len(m.Meta) > 0 {
+		var meta tensors.Meta
+		if err := json.Unmarshal(m.Meta, &meta); err != nil {
+			return nil, fmt.Errorf("%w: checkpoint %s: meta: %v", catalog.ErrBadManifest, rec.ID, err)
+		}
+		info.State, info.IOPath = meta.State, meta.IOPath
+	}
+	return info, nil
+}
+
+// Load reads the checkpoint whose ID starts with id into the buffers of
+// into, matched by name: every tensor it holds needs a buffer of the same
+// dtype and size, and every buffer a tensor (the first mismatch is named).
+// Every chunk is verified before its bytes reach a buffer.
+func (s *Store) Load(ctx context.Context, id string, into []Tensor) (Record, error) {
+	rec, err := s.cat.Resolve(id)
+	if err != nil {
+		return Record{}, err
+	}
+	_, err = tensors.Load(ctx, s.cat, rec.ID, into, catalog.ReadOptions{Workers: s.workers})
+	return rec, err
+}
