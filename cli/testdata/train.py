@@ -69,7 +69,7 @@ def save_package(state, job, step):
 
 def load_package(checkpoint_id):
     import stasis
-    return stasis.load(job=os.environ["STASIS_JOB"])
+    return stasis.load(id=checkpoint_id)
 
 
 def main():
