@@ -154,7 +154,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		defer func() { dog.release(gpuOK) }()
+		defer func() { dog.Release(gpuOK) }()
 		timeout := o.LockTimeout
 		if timeout <= 0 {
 			timeout = DefaultLockTimeout

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/stasis-ckpt/stasis/cli"
+	"github.com/stasis-ckpt/stasis/hooks/hookstest"
 )
 
 // Tests of `stasis run` and `stasis hook prestop`: the real binary, real
@@ -234,7 +235,7 @@ func trainPreemptResume(t *testing.T, saver string) {
 	out, hookOut := filepath.Join(tmp, "steps"), t.TempDir()
 	t.Setenv("HOOK_OUT", hookOut)
 	t.Setenv("PYTHONPATH", strings.TrimPrefix(pythonPath(t), "PYTHONPATH="))
-	hook, _ := filepath.Abs("../hooks/testdata/hook_env.sh")
+	hook := hookstest.Script(t, "hook_env.sh")
 	const total = 60
 	args := []string{"--job", "train", "--mode", "app", "--grace", "60s", "--post-checkpoint", hook, "--", py, "testdata/train.py", out, strconv.Itoa(total), saver}
 
@@ -255,7 +256,7 @@ func trainPreemptResume(t *testing.T, saver string) {
 	if !strings.Contains(res.stderr, "checkpointed as "+saved.ID) {
 		t.Errorf("stasis run does not name the checkpoint: %s", res.stderr)
 	}
-	env := readEnvFile(t, filepath.Join(hookOut, "post_checkpoint.env"))
+	env := hookstest.ReadEnv(t, filepath.Join(hookOut, "post_checkpoint.env"))
 	if env["STASIS_CHECKPOINT_ID"] != saved.ID || env["STASIS_KIND"] != "app" || env["STASIS_JOB"] != "train" || env["STASIS_STEP"] != strconv.FormatInt(saved.Step, 10) {
 		t.Errorf("the post_checkpoint hook saw %v", env)
 	}
@@ -275,20 +276,6 @@ func trainPreemptResume(t *testing.T, saver string) {
 	if len(all) != total {
 		t.Fatalf("%d steps done, want %d", len(all), total)
 	}
-}
-
-func readEnvFile(t *testing.T, path string) map[string]string {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{}
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		k, v, _ := strings.Cut(line, "=")
-		env[k] = v
-	}
-	return env
 }
 
 // TestRunAppModeSavedThroughTheCLI: the training loop saves and loads with
@@ -405,7 +392,7 @@ func TestPreCheckpointHookFailureLeavesTheJobAlone(t *testing.T) {
 	home, out := t.TempDir(), filepath.Join(t.TempDir(), "count")
 	pid := startDetached(t, "testdata/counter.sh", out)
 	waitCounting(t, out, 3)
-	hook, _ := filepath.Abs("../hooks/testdata/hook_fail.sh")
+	hook := hookstest.Script(t, "hook_fail.sh")
 	r := run(t, home, "checkpoint", "--pid", strconv.Itoa(pid), "--pre-checkpoint", hook)
 	expectCode(t, r, cli.ExitHookFailed, `^stasis: no checkpoint taken, the job runs on: pre_checkpoint hook `+regexp.QuoteMeta(hook)+` exited with status 3: checking the job's data cannot quiesce the job: the data loader is busy\n$`)
 	waitCounting(t, out, len(counts(t, out))+5)
@@ -422,7 +409,7 @@ func TestPreCheckpointHookFailureLeavesTheJobAlone(t *testing.T) {
 // and once the grace is over the job is stopped and stasis run exits 124.
 func TestRunWithFailingPreCheckpointHookFromConfig(t *testing.T) {
 	home, out := t.TempDir(), filepath.Join(t.TempDir(), "count")
-	hook, _ := filepath.Abs("../hooks/testdata/hook_fail.sh")
+	hook := hookstest.Script(t, "hook_fail.sh")
 	config := fmt.Sprintf("[hooks]\npre_checkpoint = %q\n\n[run]\nmode = \"process\"\ngrace = \"3s\"\nkill_after = \"1s\"\n", hook)
 	if err := os.WriteFile(filepath.Join(home, "config.toml"), []byte(config), 0o600); err != nil {
 		t.Fatal(err)
@@ -507,11 +494,7 @@ func TestRunSecondSignalDuringProcessCheckpoint(t *testing.T) {
 	st := waitJobState(t, home, "big", jobRunning)
 	waitCounting(t, out, 3)
 	r.signal(t, syscall.SIGUSR1)
-	for deadline := time.Now().Add(20 * time.Second); tracedBy(st.JobPID) == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("CRIU never seized the job")
-		}
-	}
+	waitSeized(t, st.JobPID)
 	r.signal(t, syscall.SIGUSR1)
 	r.signal(t, syscall.SIGTERM)
 	res := r.wait(t)
@@ -543,11 +526,7 @@ func TestRunKilledDuringProcessCheckpoint(t *testing.T) {
 	st := waitJobState(t, home, "big", jobRunning)
 	waitCounting(t, out, 3)
 	r.signal(t, syscall.SIGUSR1)
-	for deadline := time.Now().Add(20 * time.Second); tracedBy(st.JobPID) == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("CRIU never seized the job")
-		}
-	}
+	waitSeized(t, st.JobPID)
 	r.cmd.Process.Kill()
 	r.wait(t)
 	waitGone(t, st.JobPID)
@@ -613,15 +592,28 @@ func TestPreStopAgainstStasisRun(t *testing.T) {
 	expectCode(t, run(t, home, "hook", "prestop", "--job", "pod"), cli.ExitNotFound, `no stasis run of job "pod"`)
 }
 
+// counterWithEnvHook is a detached counter.sh, with hook_env.sh set to
+// record its variables in hookOut.
+type counterWithEnvHook struct {
+	home, out, hookOut, hook string
+	pid                      int
+}
+
+func startCounterWithEnvHook(t *testing.T) counterWithEnvHook {
+	t.Helper()
+	c := counterWithEnvHook{home: t.TempDir(), out: filepath.Join(t.TempDir(), "count"), hookOut: t.TempDir(), hook: hookstest.Script(t, "hook_env.sh")}
+	t.Setenv("HOOK_OUT", c.hookOut)
+	c.pid = startDetached(t, "testdata/counter.sh", c.out)
+	waitCounting(t, c.out, 3)
+	return c
+}
+
 // TestPreStopBarePID: a process not run by stasis run is checkpointed in
 // process mode, ends with the dump, and its hooks see it.
 func TestPreStopBarePID(t *testing.T) {
 	requireCRIU(t)
-	home, out, hookOut := t.TempDir(), filepath.Join(t.TempDir(), "count"), t.TempDir()
-	t.Setenv("HOOK_OUT", hookOut)
-	hook, _ := filepath.Abs("../hooks/testdata/hook_env.sh")
-	pid := startDetached(t, "testdata/counter.sh", out)
-	waitCounting(t, out, 5)
+	c := startCounterWithEnvHook(t)
+	home, out, hookOut, hook, pid := c.home, c.out, c.hookOut, c.hook, c.pid
 	pidFile := filepath.Join(t.TempDir(), "job.pid")
 	os.WriteFile(pidFile, []byte(strconv.Itoa(pid)+"\n"), 0o600)
 	p := mustRun(t, home, "hook", "prestop", "--job", "bare", "--pid-file", pidFile, "--pre-checkpoint", hook, "--post-checkpoint", hook)
@@ -631,7 +623,7 @@ func TestPreStopBarePID(t *testing.T) {
 	if len(recs) != 1 || recs[0].ID != id || recs[0].Kind != "process" || recs[0].Job != "bare" {
 		t.Fatalf("prestop printed %s; listed: %+v", id, recs)
 	}
-	pre, post := readEnvFile(t, filepath.Join(hookOut, "pre_checkpoint.env")), readEnvFile(t, filepath.Join(hookOut, "post_checkpoint.env"))
+	pre, post := hookstest.ReadEnv(t, filepath.Join(hookOut, "pre_checkpoint.env")), hookstest.ReadEnv(t, filepath.Join(hookOut, "post_checkpoint.env"))
 	if pre["STASIS_PID"] != strconv.Itoa(pid) || pre["STASIS_JOB"] != "bare" || post["STASIS_CHECKPOINT_ID"] != id {
 		t.Fatalf("hooks saw pre %v, post %v", pre, post)
 	}
@@ -644,11 +636,8 @@ func TestPreStopBarePID(t *testing.T) {
 // the PID and the kind.
 func TestHooksOfCheckpointAndRestoreSeeTheirEnvironment(t *testing.T) {
 	requireCRIU(t)
-	home, out, hookOut := t.TempDir(), filepath.Join(t.TempDir(), "count"), t.TempDir()
-	t.Setenv("HOOK_OUT", hookOut)
-	hook, _ := filepath.Abs("../hooks/testdata/hook_env.sh")
-	pid := startDetached(t, "testdata/counter.sh", out)
-	waitCounting(t, out, 3)
+	c := startCounterWithEnvHook(t)
+	home, hookOut, hook, pid := c.home, c.hookOut, c.hook, c.pid
 	id := checkpointPID(t, home, pid, "--job", "env", "--step", "41", "--post-checkpoint", hook)
 	waitGone(t, pid)
 	restored := restorePID(t, home, id, "--post-restore", hook)
@@ -656,7 +645,7 @@ func TestHooksOfCheckpointAndRestoreSeeTheirEnvironment(t *testing.T) {
 		"post_checkpoint": {"STASIS_HOOK": "post_checkpoint", "STASIS_CHECKPOINT_ID": id, "STASIS_JOB": "env", "STASIS_STEP": "41", "STASIS_PID": strconv.Itoa(pid), "STASIS_KIND": "process", "STASIS_HOME": home},
 		"post_restore":    {"STASIS_HOOK": "post_restore", "STASIS_CHECKPOINT_ID": id, "STASIS_JOB": "env", "STASIS_STEP": "41", "STASIS_PID": strconv.Itoa(restored), "STASIS_KIND": "process", "STASIS_HOME": home},
 	} {
-		got := readEnvFile(t, filepath.Join(hookOut, hook+".env"))
+		got := hookstest.ReadEnv(t, filepath.Join(hookOut, hook+".env"))
 		for k, v := range want {
 			if got[k] != v {
 				t.Errorf("%s hook: %s=%q, want %q", hook, k, got[k], v)

@@ -206,7 +206,7 @@ func Run(ctx context.Context, s *catalog.Store, o RunOptions) (*Outcome, error) 
 	sv.files.writeState(sv.state)
 	sv.loop(ctx, sigs)
 	sv.finish()
-	g.release()
+	g.Release(true)
 	switch {
 	case sv.committed != nil:
 		out.End, out.Checkpoint = Checkpointed, sv.committed

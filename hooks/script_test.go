@@ -11,37 +11,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stasis-ckpt/stasis/hooks/hookstest"
 )
-
-func testdataPath(t *testing.T, name string) string {
-	t.Helper()
-	p, err := filepath.Abs(filepath.Join("testdata", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// readEnvFile reads what hook_env.sh recorded.
-func readEnvFile(t *testing.T, path string) map[string]string {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{}
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		k, v, _ := strings.Cut(line, "=")
-		env[k] = v
-	}
-	return env
-}
 
 func TestHookSeesTheCheckpointInItsEnvironment(t *testing.T) {
 	out := t.TempDir()
 	t.Setenv("HOOK_OUT", out)
 	t.Setenv("STASIS_CHECKPOINT_ID", "inherited-from-the-caller")
-	s := Scripts{PreCheckpoint: testdataPath(t, "hook_env.sh"), PostCheckpoint: testdataPath(t, "hook_env.sh")}
+	s := Scripts{PreCheckpoint: hookstest.Script(t, "hook_env.sh"), PostCheckpoint: hookstest.Script(t, "hook_env.sh")}
 	ev := Event{Job: "llama", Step: 1200, PID: 4242, Kind: KindProcess, CheckpointID: "0b7c", Home: "/store"}
 	for _, hook := range []string{PreCheckpoint, PostCheckpoint} {
 		if err := s.Run(context.Background(), hook, ev, io.Discard); err != nil {
@@ -49,7 +27,7 @@ func TestHookSeesTheCheckpointInItsEnvironment(t *testing.T) {
 		}
 	}
 	want := map[string]string{"STASIS_JOB": "llama", "STASIS_STEP": "1200", "STASIS_PID": "4242", "STASIS_KIND": "process", "STASIS_HOME": "/store"}
-	pre, post := readEnvFile(t, filepath.Join(out, "pre_checkpoint.env")), readEnvFile(t, filepath.Join(out, "post_checkpoint.env"))
+	pre, post := hookstest.ReadEnv(t, filepath.Join(out, "pre_checkpoint.env")), hookstest.ReadEnv(t, filepath.Join(out, "post_checkpoint.env"))
 	for k, v := range want {
 		if pre[k] != v || post[k] != v {
 			t.Errorf("%s: pre hook saw %q, post hook %q; want %q", k, pre[k], post[k], v)
@@ -67,7 +45,7 @@ func TestHookSeesTheCheckpointInItsEnvironment(t *testing.T) {
 }
 
 func TestFailingHookNamesItselfItsStatusAndStderr(t *testing.T) {
-	path := testdataPath(t, "hook_fail.sh")
+	path := hookstest.Script(t, "hook_fail.sh")
 	err := Scripts{PreCheckpoint: path}.Run(context.Background(), PreCheckpoint, Event{Job: "j"}, io.Discard)
 	var he *HookError
 	if !errors.As(err, &he) || !errors.Is(err, ErrHook) {
@@ -89,7 +67,7 @@ func TestMissingHookScriptFails(t *testing.T) {
 func TestHookPastItsTimeoutIsKilledWithWhatItStarted(t *testing.T) {
 	out := t.TempDir()
 	t.Setenv("HOOK_OUT", out)
-	s := Scripts{PreCheckpoint: testdataPath(t, "hook_hang.sh"), Timeout: 300 * time.Millisecond}
+	s := Scripts{PreCheckpoint: hookstest.Script(t, "hook_hang.sh"), Timeout: 300 * time.Millisecond}
 	err := s.Run(context.Background(), PreCheckpoint, Event{}, io.Discard)
 	if !errors.Is(err, ErrHook) || !strings.Contains(err.Error(), "timed out after 300ms") {
 		t.Fatalf("got %v", err)
