@@ -138,7 +138,7 @@ type supervisor struct {
 	inFlight     *attempt
 	results      chan attemptResult
 	noticeOut    bool            // app: the notice is written
-	before       map[string]bool // app: checkpoints listed before it
+	before       map[string]bool // the job's checkpoints when the attempt began
 	fellBack     bool
 	committed    *catalog.Record
 	lastFailure  string
@@ -162,6 +162,9 @@ func Run(ctx context.Context, s *catalog.Store, o RunOptions) (*Outcome, error) 
 	}
 	if o.Fallback != "" && (o.Mode != ModeApp || o.Fallback != ModeProcess) {
 		return nil, fmt.Errorf("%w: --fallback process applies to --mode app only", catalog.ErrInvalid)
+	}
+	if len(o.Signals) == 0 || o.Grace <= 0 || o.KillAfter < 0 {
+		return nil, fmt.Errorf("%w: stasis run needs a preemption signal and a grace period", catalog.ErrInvalid)
 	}
 	if o.FallbackAfter <= 0 {
 		o.FallbackAfter = o.Grace / 2
@@ -435,6 +438,12 @@ func (sv *supervisor) begin(ctx context.Context, mode Mode, sig syscall.Signal) 
 	sv.files.writeState(sv.state)
 	step := sv.latestStep()
 	if mode == ModeProcess {
+		// CRIU may fail after the commit: the checkpoint is then listed
+		// all the same (newCheckpoint).
+		sv.before = nil
+		if ids, err := sv.checkpointIDs(); err == nil {
+			sv.before = ids
+		}
 		o := sv.o.Checkpoint
 		o.PID, o.Job, o.Step, o.LeaveRunning, o.Fast = sv.root, sv.o.Job, step, false, false
 		if sv.relay != nil {
@@ -511,6 +520,11 @@ func (sv *supervisor) onResult(ctx context.Context, r attemptResult) {
 		}
 		return
 	}
+	if rec := sv.newCheckpoint(); r.mode == ModeProcess && rec != nil {
+		sv.logf("%v", r.err)
+		sv.onCommitted(rec)
+		return
+	}
 	sv.lastFailure = r.err.Error()
 	sv.state.State, sv.state.Error = "failed", sv.lastFailure
 	sv.files.writeState(sv.state)
@@ -541,8 +555,12 @@ func (sv *supervisor) releaseHeld() {
 	}
 }
 
-// appCommitted reports the job's first checkpoint listed since the notice.
-func (sv *supervisor) appCommitted() *catalog.Record {
+// newCheckpoint reports the job's latest checkpoint that was not listed
+// when the attempt began (before the notice, in app mode).
+func (sv *supervisor) newCheckpoint() *catalog.Record {
+	if sv.before == nil {
+		return nil
+	}
 	recs, err := sv.s.List(catalog.Filter{Job: sv.o.Job})
 	if err != nil {
 		return nil
@@ -561,7 +579,7 @@ func (sv *supervisor) watch(ctx context.Context) {
 	now := time.Now()
 	waitingForApp := sv.inFlight != nil && sv.inFlight.mode == ModeApp && sv.noticeOut
 	if waitingForApp {
-		if rec := sv.appCommitted(); rec != nil {
+		if rec := sv.newCheckpoint(); rec != nil {
 			sv.inFlight.cancel()
 			sv.inFlight = nil
 			sv.onCommitted(rec)
