@@ -325,7 +325,7 @@ func readPIDs(t *testing.T, path string) (int, int) {
 // in the meantime changes nothing, and SIGTERM is held, not forwarded.
 func TestRunJobIgnoringTheNotice(t *testing.T) {
 	home, pids := t.TempDir(), filepath.Join(t.TempDir(), "pids")
-	r := startRun(t, home, "--job", "deaf", "--grace", "1s", "--kill-after", "500ms", "--", "testdata/ignore_notice.sh", pids)
+	r := startRun(t, home, "--job", "deaf", "--grace", "3s", "--kill-after", "500ms", "--", "testdata/ignore_notice.sh", pids)
 	job, child := readPIDs(t, pids)
 	r.signal(t, syscall.SIGUSR1)
 	waitJobState(t, home, "deaf", func(st jobState) bool { return st.State == "checkpointing" })
@@ -334,7 +334,7 @@ func TestRunJobIgnoringTheNotice(t *testing.T) {
 	res := r.wait(t)
 	expectExit(t, res, cli.ExitNoCheckpoint)
 	for _, want := range []string{`SIGUSR1 during the checkpoint under way: ignored`, `SIGTERM held until the checkpoint ends`,
-		`stasis: job "deaf" was preempted and has no new checkpoint: no checkpoint within the grace period \(1s\)`} {
+		`stasis: job "deaf" was preempted and has no new checkpoint: no checkpoint within the grace period \(3s\)`} {
 		if !regexp.MustCompile(want).MatchString(res.stderr) {
 			t.Errorf("stderr does not say %q:\n%s", want, res.stderr)
 		}
@@ -410,7 +410,7 @@ func TestPreCheckpointHookFailureLeavesTheJobAlone(t *testing.T) {
 func TestRunWithFailingPreCheckpointHookFromConfig(t *testing.T) {
 	home, out := t.TempDir(), filepath.Join(t.TempDir(), "count")
 	hook := hookstest.Script(t, "hook_fail.sh")
-	config := fmt.Sprintf("[hooks]\npre_checkpoint = %q\n\n[run]\nmode = \"process\"\ngrace = \"3s\"\nkill_after = \"1s\"\n", hook)
+	config := fmt.Sprintf("[hooks]\npre_checkpoint = %q\n\n[run]\nmode = \"process\"\ngrace = \"5s\"\nkill_after = \"1s\"\n", hook)
 	if err := os.WriteFile(filepath.Join(home, "config.toml"), []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
