@@ -169,7 +169,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		defer func() { dog.release(gpuOK) }()
+		defer func() { dog.Release(gpuOK) }()
 		err = gpu.lockAndCheckpoint(o.LockTimeout)
 		res.GPULock, res.GPUCheckpoint = gpu.lockTime, gpu.checkpointTime
 		if err != nil {

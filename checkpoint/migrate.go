@@ -104,7 +104,7 @@ func Migrate(o MigrateOptions) (*MigrateResult, error) {
 		return nil, err
 	}
 	g := &gpuSession{drv: drv, pids: pids}
-	defer func() { dog.release(!g.stuck) }()
+	defer func() { dog.Release(!g.stuck) }()
 	err = g.lockAndCheckpoint(o.LockTimeout)
 	res.Lock, res.Checkpoint = g.lockTime, g.checkpointTime
 	if err != nil {

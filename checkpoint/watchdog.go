@@ -1,14 +1,10 @@
 package checkpoint
 
 import (
-	"bufio"
 	"encoding/json"
-	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/stasis-ckpt/stasis/cuda"
@@ -18,59 +14,15 @@ import (
 // watchdog (RunWatchdog) instead of the CLI.
 const WatchdogArg = "__stasis_watchdog"
 
-// watchdogDone is what the orchestrator writes when the job no longer
-// needs a rescue.
-const watchdogDone = "done\n"
-
-// watchdog is the orchestrator's end of a running watchdog.
-type watchdog struct {
-	pipe *os.File
-	cmd  *exec.Cmd
-}
-
-// startWatchdog starts a detached copy of this binary that rescues pids
-// (restores and unlocks them) if this process dies before release. Its
-// report goes to logPath.
-func startWatchdog(pids []int, logPath string) (*watchdog, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
+// startWatchdog starts a sentinel (a detached copy of this binary) that
+// rescues pids (restores and unlocks them) if this process dies before it
+// releases it with ok. Its report goes to logPath.
+func startWatchdog(pids []int, logPath string) (*Sentinel, error) {
 	args := []string{WatchdogArg, logPath}
 	for _, p := range pids {
 		args = append(args, strconv.Itoa(p))
 	}
-	cmd := exec.Command(exe, args...)
-	cmd.ExtraFiles = []*os.File{r} // fd 3
-	// Its own session: a signal to stasis's process group spares it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		r.Close()
-		w.Close()
-		return nil, fmt.Errorf("start the watchdog: %w", err)
-	}
-	r.Close()
-	return &watchdog{pipe: w, cmd: cmd}, nil
-}
-
-// release ends the watchdog: with ok, the job needs no rescue; without,
-// the pipe just closes and the watchdog tries to resume the job itself
-// (after stasis is gone: release does not wait for it then).
-func (w *watchdog) release(ok bool) {
-	if w == nil {
-		return
-	}
-	if ok {
-		w.pipe.WriteString(watchdogDone)
-	}
-	w.pipe.Close()
-	if ok {
-		w.cmd.Wait()
-	}
+	return StartSentinel("the watchdog", args...)
 }
 
 // RunWatchdog is the watchdog process: args are the log path and the PIDs.
@@ -82,9 +34,7 @@ func RunWatchdog(args []string) int {
 	if len(args) < 2 {
 		return 2
 	}
-	in := os.NewFile(3, "orchestrator")
-	msg, _ := bufio.NewReader(in).ReadString('\n')
-	if msg == watchdogDone {
+	if SentinelReleased() {
 		return 0
 	}
 	var pids []int

@@ -60,7 +60,9 @@ func Run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stasis: %s\n", mismatch.Summary())
 		return code
 	}
-	fmt.Fprintf(stderr, "stasis: %s\n", oneLine(err))
+	if msg := oneLine(err); msg != "" {
+		fmt.Fprintf(stderr, "stasis: %s\n", msg)
+	}
 	return code
 }
 
@@ -105,6 +107,8 @@ func (e *env) app() *ucli.App {
 			e.catalogCommand(),
 			e.doctorCommand(),
 			e.benchCommand(),
+			e.runCommand(),
+			e.hookCommand(),
 		},
 		Action: func(c *ucli.Context) error {
 			if c.Args().Present() {
@@ -114,6 +118,12 @@ func (e *env) app() *ucli.App {
 		},
 	}
 	setUsageErrors(app.Commands)
+	// stasis run's own failures, bad flags included, are 125: its other
+	// codes are the job's.
+	run := findCommand(app.Commands, "run")
+	run.OnUsageError = func(_ *ucli.Context, err error, _ bool) error {
+		return exitWith{code: ExitRunFailed, err: usagef(err.Error())}
+	}
 	return app
 }
 
@@ -188,7 +198,7 @@ func openSelected(c *ucli.Context) (*catalog.Store, catalog.Record, error) {
 	return s, rec, err
 }
 
-// parseWriting reads the --compress and --tag flags of save and checkpoint.
+// parseWriting reads the --compress and --tag flags of save.
 func parseWriting(c *ucli.Context) (gdswriter.Method, map[string]string, error) {
 	method, err := gdswriter.ParseMethod(c.String("compress"))
 	if err != nil {

@@ -9,7 +9,9 @@ import (
 // flagsFirst moves a command's flags in front of its positional arguments,
 // so that `stasis load ID --to DIR` works as well as `stasis load --to DIR
 // ID` (urfave/cli v2 stops reading flags at the first positional argument).
-// Everything after "--" stays where it is.
+// Everything after "--" stays where it is, and so does everything from the
+// first positional argument of a command whose arguments are a command line
+// (`stasis run --job J python train.py --lr 3`).
 func flagsFirst(app *ucli.App, args []string) []string {
 	if len(args) < 2 {
 		return args
@@ -41,7 +43,7 @@ func flagsFirst(app *ucli.App, args []string) []string {
 		var flags, positional []string
 		for i < len(rest) {
 			a := rest[i]
-			if a == "--" {
+			if a == "--" || (commandLineArgs[cmd.Name] && !strings.HasPrefix(a, "-")) {
 				positional = append(positional, rest[i:]...)
 				i = len(rest)
 				break
@@ -61,6 +63,10 @@ func flagsFirst(app *ucli.App, args []string) []string {
 	}
 	return append(out, rest[i:]...)
 }
+
+// commandLineArgs are the commands whose positional arguments are a
+// command line to run, with flags of its own.
+var commandLineArgs = map[string]bool{"run": true}
 
 func findCommand(cmds []*ucli.Command, name string) *ucli.Command {
 	for _, c := range cmds {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/stasis-ckpt/stasis/criu"
 	"github.com/stasis-ckpt/stasis/cuda"
 	"github.com/stasis-ckpt/stasis/gdswriter"
+	"github.com/stasis-ckpt/stasis/hooks"
 	"github.com/stasis-ckpt/stasis/restore"
 	ucli "github.com/urfave/cli/v2"
 )
@@ -22,6 +24,29 @@ func criuFlags() []ucli.Flag {
 	}
 }
 
+// processFlags are the flags of a process checkpoint's CRIU, GPU and
+// writer options (processOptions).
+func processFlags() []ucli.Flag {
+	return append([]ucli.Flag{
+		&ucli.DurationFlag{Name: "gpu-lock-timeout", Value: checkpoint.DefaultLockTimeout, Usage: "how long the CUDA lock waits for GPU work already submitted; past it the checkpoint is rolled back"},
+		&ucli.StringFlag{Name: "compress", Value: "auto", Usage: "none, zstd, s2 or auto"},
+	}, criuFlags()...)
+}
+
+// processOptions reads processFlags.
+func processOptions(c *ucli.Context) (checkpoint.Options, error) {
+	method, err := gdswriter.ParseMethod(c.String("compress"))
+	if err != nil {
+		return checkpoint.Options{}, usagef("--compress: " + err.Error())
+	}
+	return checkpoint.Options{
+		LockTimeout: c.Duration("gpu-lock-timeout"),
+		CRIU: criu.Options{ShellJob: c.Bool("shell-job"), TCPEstablished: c.Bool("tcp-established"),
+			ExtUnixSockets: c.Bool("ext-unix-sk"), FileLocks: c.Bool("file-locks")},
+		Writer: gdswriter.WriterOptions{Method: method},
+	}, nil
+}
+
 func (e *env) checkpointCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:  "checkpoint",
@@ -32,41 +57,44 @@ func (e *env) checkpointCommand() *ucli.Command {
 			&ucli.Int64Flag{Name: "step", Usage: "the training step, if known"},
 			&ucli.BoolFlag{Name: "leave-running", Usage: "keep the process running after the checkpoint"},
 			&ucli.BoolFlag{Name: "fast", Usage: "pause the job only for the dump into RAM; compress and store after it resumes (implies --leave-running)"},
-			&ucli.DurationFlag{Name: "gpu-lock-timeout", Value: checkpoint.DefaultLockTimeout, Usage: "how long the CUDA lock waits for GPU work already submitted; past it the checkpoint is rolled back"},
-			&ucli.StringFlag{Name: "compress", Value: "auto", Usage: "none, zstd, s2 or auto"},
 			&ucli.StringSliceFlag{Name: "tag", Usage: "key=value, repeatable"},
 			&ucli.BoolFlag{Name: "json", Usage: "print the record and timings as JSON"},
-		}, criuFlags()...),
+		}, append(processFlags(), hookFlags(hooks.PreCheckpoint, hooks.PostCheckpoint)...)...),
 		Action: func(c *ucli.Context) error {
 			if err := noArgs(c); err != nil {
 				return err
 			}
-			method, tags, err := parseWriting(c)
+			o, err := processOptions(c)
 			if err != nil {
 				return err
 			}
+			if o.Tags, err = parseTags(c.StringSlice("tag")); err != nil {
+				return err
+			}
+			o.PID, o.Job, o.Step, o.LeaveRunning, o.Fast = c.Int("pid"), c.String("job"), c.Int64("step"), c.Bool("leave-running"), c.Bool("fast")
 			s, err := openStore(c)
 			if err != nil {
 				return err
 			}
-			res, err := checkpoint.Run(c.Context, s, checkpoint.Options{
-				PID: c.Int("pid"), Job: c.String("job"), Step: c.Int64("step"), Tags: tags,
-				LeaveRunning: c.Bool("leave-running"), Fast: c.Bool("fast"), LockTimeout: c.Duration("gpu-lock-timeout"),
-				CRIU: criu.Options{ShellJob: c.Bool("shell-job"), TCPEstablished: c.Bool("tcp-established"),
-					ExtUnixSockets: c.Bool("ext-unix-sk"), FileLocks: c.Bool("file-locks")},
-				Writer: gdswriter.WriterOptions{Method: method},
-			})
+			cfg, err := loadConfig(s)
 			if err != nil {
 				return err
 			}
+			res, err := hooks.Checkpoint(c.Context, s, o, scripts(c, cfg), e.stderr)
+			if res == nil {
+				return err
+			}
+			// err, if any, is a failed post_checkpoint hook: the
+			// checkpoint is stored all the same.
+			hookErr := err
 			rec := res.Record
 			if c.Bool("json") {
-				return printJSON(e.stdout, map[string]any{
+				return errors.Join(printJSON(e.stdout, map[string]any{
 					"record": rec, "hash_seconds": res.Hash.Seconds(), "gpu_lock_seconds": res.GPULock.Seconds(), "gpu_checkpoint_seconds": res.GPUCheckpoint.Seconds(),
 					"dump_seconds": res.Dump.Seconds(), "store_seconds": res.Store.Seconds(), "gpu_resume_seconds": res.GPUResume.Seconds(),
 					"pause_seconds": res.Pause.Seconds(),
 					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM,
-				})
+				}), hookErr)
 			}
 			pause := ""
 			if res.Pause > 0 {
@@ -76,7 +104,7 @@ func (e *env) checkpointCommand() *ucli.Command {
 				c.Int("pid"), rec.Job, humanBytes(rec.Bytes), humanBytes(rec.StoredBytes), ratio(rec.StoredBytes, rec.Bytes),
 				res.Dump.Round(time.Millisecond), res.Store.Round(time.Millisecond), res.Total.Round(time.Millisecond), pause)
 			fmt.Fprintln(e.stdout, rec.ID)
-			return nil
+			return hookErr
 		},
 	}
 }
@@ -86,13 +114,13 @@ func (e *env) restoreCommand() *ucli.Command {
 		Name:      "restore",
 		Usage:     "restore a process checkpoint with CRIU, detached; prints the restored PID last",
 		ArgsUsage: "ID | --job J --latest",
-		Flags: append(selectorFlags(),
+		Flags: append(append(selectorFlags(),
 			&ucli.DurationFlag{Name: "pid-wait", Value: 5 * time.Second, Usage: "how long to wait for the checkpoint's PIDs to become free"},
 			&ucli.StringFlag{Name: "gpu-map", Usage: "OLD=NEW,... (GPU indexes or UUIDs): restore GPU state onto other GPUs (default: the same GPUs, or the same index when they are not here)"},
 			&ucli.BoolFlag{Name: "force", Usage: "restore even if this machine does not match the checkpoint (files, mounts, driver, GPU models); the differences are printed as warnings"},
 			&ucli.BoolFlag{Name: "new-pidns", Usage: "restore into a new PID namespace, where the tree gets its own PIDs even if they are taken here"},
 			&ucli.BoolFlag{Name: "json", Usage: "print the PID and timings as JSON"},
-		),
+		), hookFlags(hooks.PostRestore)...),
 		Action: func(c *ucli.Context) error {
 			s, rec, err := openSelected(c)
 			if err != nil {
@@ -102,24 +130,30 @@ func (e *env) restoreCommand() *ucli.Command {
 			if err != nil {
 				return usagef(err.Error())
 			}
-			res, err := restore.Run(c.Context, s, rec.ID, restore.Options{PIDWait: c.Duration("pid-wait"), Read: catalog.ReadOptions{}, GPUMap: gpuMap, Force: c.Bool("force"), NewPIDNS: c.Bool("new-pidns")})
+			cfg, err := loadConfig(s)
 			if err != nil {
 				return err
 			}
+			res, err := hooks.Restore(c.Context, s, rec.ID, restore.Options{PIDWait: c.Duration("pid-wait"), Read: catalog.ReadOptions{}, GPUMap: gpuMap, Force: c.Bool("force"), NewPIDNS: c.Bool("new-pidns")}, scripts(c, cfg), e.stderr)
+			if res == nil {
+				return err
+			}
+			// err, if any, is a failed post_restore hook: the tree runs.
+			hookErr := err
 			for _, w := range res.Warnings {
 				fmt.Fprintf(e.stderr, "stasis: warning: %s\n", w)
 			}
 			if c.Bool("json") {
-				return printJSON(e.stdout, map[string]any{
+				return errors.Join(printJSON(e.stdout, map[string]any{
 					"warnings": res.Warnings, "id": rec.ID, "pid": res.PID, "unpack_seconds": res.Unpack.Seconds(), "criu_seconds": res.CRIU.Seconds(),
 					"gpu_seconds": res.GPU.Seconds(), "gpu_remapped": len(res.GPUPairs) > 0, "pid_inside_namespace": res.PIDInside,
 					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM,
-				})
+				}), hookErr)
 			}
 			fmt.Fprintf(e.stderr, "restored %s (job %s, step %d): unpack %s, criu %s\n", rec.ID, rec.Job, rec.Step,
 				res.Unpack.Round(time.Millisecond), res.CRIU.Round(time.Millisecond))
 			fmt.Fprintln(e.stdout, res.PID)
-			return nil
+			return hookErr
 		},
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stasis-ckpt/stasis/cuda"
 	"github.com/stasis-ckpt/stasis/fileset"
 	"github.com/stasis-ckpt/stasis/gdswriter"
+	"github.com/stasis-ckpt/stasis/hooks"
 	"github.com/stasis-ckpt/stasis/restore"
 	"golang.org/x/sys/unix"
 )
@@ -29,10 +30,35 @@ const (
 	ExitPIDInUse    = 9   // a PID the restored tree needs is taken
 	ExitGPUTimeout  = 10  // the GPU lock timed out; the checkpoint or migration was rolled back and the job runs on
 	ExitMismatch    = 11  // this machine does not match the checkpoint (driver, GPUs, files, mounts), or a GPU named is not here
+	ExitHookFailed  = 12  // a user hook script failed or timed out
 	ExitBadStream   = 13  // an import stream is not a stasis export, is truncated, or holds what an export may not; nothing was imported
 	ExitExists      = 14  // the checkpoint to import is already in the store; nothing was changed
 	ExitInterrupted = 130 // stopped by SIGINT or SIGTERM; the partial checkpoint was removed
+
+	// stasis run's own codes, modeled on timeout(1); otherwise it exits
+	// with the job's status (128 + n for a job killed by signal n).
+	ExitPreempted       = 75  // preempted and checkpointed: requeue the job (EX_TEMPFAIL)
+	ExitNoCheckpoint    = 124 // preempted, and no checkpoint committed (also prestop's)
+	ExitRunFailed       = 125 // stasis run itself failed before or around the job
+	ExitCannotExecute   = 126 // the command cannot be executed
+	ExitCommandNotFound = 127 // the command was not found
 )
+
+// exitWith ends a command with a code of its own (stasis run passes its
+// job's status through); err, when set, is the one-line message.
+type exitWith struct {
+	code int
+	err  error
+}
+
+func (e exitWith) Error() string {
+	if e.err == nil {
+		return ""
+	}
+	return e.err.Error()
+}
+
+func (e exitWith) Unwrap() error { return e.err }
 
 // usageError marks errors in how stasis was called.
 type usageError struct{ msg string }
@@ -49,13 +75,20 @@ func (e notFoundError) Error() string { return e.err.Error() }
 // exitCode maps an error to the documented exit code.
 func exitCode(err error) int {
 	var ue usageError
+	var ew exitWith
 	switch {
 	case err == nil:
 		return ExitOK
-	case errors.As(err, &ue), errors.Is(err, catalog.ErrInvalid):
+	case errors.As(err, &ew):
+		return ew.code
+	case errors.As(err, &ue), errors.Is(err, catalog.ErrInvalid), errors.Is(err, hooks.ErrConfig):
 		return ExitUsage
 	case errors.Is(err, context.Canceled):
 		return ExitInterrupted
+	case errors.Is(err, hooks.ErrHook):
+		return ExitHookFailed
+	case errors.Is(err, hooks.ErrNoCheckpoint):
+		return ExitNoCheckpoint
 	case cuda.TimedOut(err):
 		return ExitGPUTimeout
 	case errors.Is(err, restore.ErrIncompatible), errors.Is(err, cuda.ErrNoGPU):

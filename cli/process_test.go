@@ -457,6 +457,16 @@ func tracedBy(pid int) int {
 	return 0
 }
 
+// waitSeized waits until CRIU has seized pid (it is being traced).
+func waitSeized(t *testing.T, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); tracedBy(pid) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("CRIU never seized the job")
+		}
+	}
+}
+
 // TestCtrlCDuringDump sends SIGINT to stasis's whole process group, as a
 // terminal's Ctrl-C does, while CRIU has the job seized. CRIU runs in a
 // process group of its own, so it is not killed mid-dump; stasis cancels,
@@ -476,12 +486,8 @@ func TestCtrlCDuringDump(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(20 * time.Second); tracedBy(pid) == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			t.Fatal("CRIU never seized the job")
-		}
-	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	waitSeized(t, pid)
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
 	err := cmd.Wait()
 	ee, ok := err.(*exec.ExitError)

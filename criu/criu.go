@@ -144,6 +144,17 @@ type Options struct {
 	// LogLevel of CRIU's log (0 to 4); 4 when zero, since the log is kept
 	// with the images and quoted on failure.
 	LogLevel int
+	// InheritFDs (restore only) give the restored tree files of this
+	// process in place of resources that were outside the dumped tree,
+	// such as the pipe its output went to (CRIU's --inherit-fd).
+	InheritFDs []InheritFD `json:"-"`
+}
+
+// InheritFD replaces, on restore, the outside resource CRIU's images name
+// Key ("pipe:[INODE]", as /proc/PID/fd shows it at dump time) by File.
+type InheritFD struct {
+	Key  string
+	File *os.File
 }
 
 func (o Options) rpcOpts(imagesDir, workDir *os.File, logFile string) *rpc.CriuOpts {
@@ -151,7 +162,7 @@ func (o Options) rpcOpts(imagesDir, workDir *os.File, logFile string) *rpc.CriuO
 	if level == 0 {
 		level = 4
 	}
-	return &rpc.CriuOpts{
+	opts := &rpc.CriuOpts{
 		ImagesDirFd:    proto.Int32(int32(imagesDir.Fd())),
 		WorkDirFd:      proto.Int32(int32(workDir.Fd())),
 		LogFile:        proto.String(logFile),
@@ -162,6 +173,10 @@ func (o Options) rpcOpts(imagesDir, workDir *os.File, logFile string) *rpc.CriuO
 		ExtUnixSk:      proto.Bool(o.ExtUnixSockets),
 		FileLocks:      proto.Bool(o.FileLocks),
 	}
+	for _, in := range o.InheritFDs {
+		opts.InheritFd = append(opts.InheritFd, &rpc.InheritFd{Key: proto.String(in.Key), Fd: proto.Int32(int32(in.File.Fd()))})
+	}
+	return opts
 }
 
 // Hooks run at CRIU's notify points. Each may be nil. An error from
@@ -317,6 +332,15 @@ func run(op string, o Options, imagesDir, workDir, logName string, hooks Hooks, 
 		return err
 	}
 	defer work.Close()
+	// CRIU (go-criu starts it with no extra files) gets the inherited
+	// files by their numbers in this process: they stay open across its
+	// exec for as long as it starts.
+	for _, in := range o.InheritFDs {
+		if _, err := unix.FcntlInt(in.File.Fd(), unix.F_SETFD, 0); err != nil {
+			return fmt.Errorf("pass %s to criu: %w", in.Key, err)
+		}
+		defer unix.FcntlInt(in.File.Fd(), unix.F_SETFD, unix.FD_CLOEXEC)
+	}
 	c := gocriu.MakeCriu()
 	c.SetCriuPath(path)
 	logPath := filepath.Join(workDir, logName)

@@ -8,6 +8,7 @@ import (
 	"github.com/stasis-ckpt/stasis/checkpoint"
 	"github.com/stasis-ckpt/stasis/cli"
 	"github.com/stasis-ckpt/stasis/criu"
+	"github.com/stasis-ckpt/stasis/hooks"
 	"github.com/stasis-ckpt/stasis/restore"
 )
 
@@ -17,6 +18,9 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == restore.PIDNSInitArg {
 		os.Exit(restore.RunPIDNSInit(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == hooks.GuardArg {
+		os.Exit(hooks.RunGuard(os.Args[2:]))
 	}
 	if launched, err := criu.Launch(os.Args[1:]); launched {
 		fmt.Fprintln(os.Stderr, err)

@@ -10,6 +10,12 @@ memory or in place.
     h.wait()                                        # durable and listed
     state = stasis.load(job="llama", device="cuda") # the latest checkpoint
 
+Under `stasis run --mode app` (docs/cli.md), the loop polls
+`stasis.preempted()` at step boundaries (or registers
+`stasis.on_preempt(callback)`), saves, and exits; `stasis.resume_id()` and
+`stasis.resume_step()` say what the run resumes from, and
+`stasis.load(job=...)` picks it up.
+
 It calls libstasis.so (the C ABI, capi/stasis.h) through ctypes: found
 through $STASIS_LIB, beside this package, or in the repository's bin/
 (`make` builds it there). The store is $STASIS_HOME (or home=).
@@ -17,9 +23,10 @@ through $STASIS_LIB, beside this package, or in the repository's bin/
 
 from ._api import SaveHandle, latest, load, save
 from ._api import checkpoints as list
+from ._run import on_preempt, preempted, preemption, resume_id, resume_step
 from ._lib import (CheckpointNotFound, CorruptCheckpoint, InvalidArgument, LibraryError, Mismatch,
                    SaveInFlight, StasisError, library_path)
 
 __all__ = ["save", "load", "latest", "list", "SaveHandle", "StasisError", "InvalidArgument",
            "CheckpointNotFound", "CorruptCheckpoint", "Mismatch", "SaveInFlight", "LibraryError",
-           "library_path"]
+           "library_path", "preempted", "preemption", "on_preempt", "resume_id", "resume_step"]

@@ -1,0 +1,69 @@
+package checkpoint
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+// sentinelDone is what a sentinel's starter writes when it ends its work.
+const sentinelDone = "done\n"
+
+// Sentinel is a copy of this binary, in a session of its own (a signal to
+// stasis's process group spares it), that outlives this process and learns
+// through a pipe, on its fd 3, whether this process finished its work
+// (Release(true)) or died (or gave up: Release(false)) first. The GPU
+// watchdog and stasis run's guard are sentinels.
+type Sentinel struct {
+	pipe *os.File
+	cmd  *exec.Cmd
+}
+
+// StartSentinel starts this binary with args (the first selects what it
+// runs, as WatchdogArg does); name is what errors call it.
+func StartSentinel(name string, args ...string) (*Sentinel, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.ExtraFiles = []*os.File{r} // fd 3
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		w.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	r.Close()
+	return &Sentinel{pipe: w, cmd: cmd}, nil
+}
+
+// Release ends the sentinel's watch: with ok, it has nothing to do and
+// Release waits for it to exit; without, the pipe just closes, as if this
+// process had died, and the sentinel does its work (Release does not wait
+// for it then). A nil Sentinel is a no-op.
+func (s *Sentinel) Release(ok bool) {
+	if s == nil {
+		return
+	}
+	if ok {
+		s.pipe.WriteString(sentinelDone)
+	}
+	s.pipe.Close()
+	if ok {
+		s.cmd.Wait()
+	}
+}
+
+// SentinelReleased is what a sentinel process calls first: it waits for its
+// starter and reports whether it ended with Release(true).
+func SentinelReleased() bool {
+	msg, _ := bufio.NewReader(os.NewFile(3, "starter")).ReadString('\n')
+	return msg == sentinelDone
+}

@@ -1,0 +1,58 @@
+package hooks
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// ConfigName is the configuration file's name in the store.
+const ConfigName = "config.toml"
+
+// ErrConfig is returned for a configuration file that does not parse or
+// names something unknown.
+var ErrConfig = errors.New("bad configuration")
+
+// Config is $STASIS_HOME/config.toml. Every field is optional; flags given
+// on the command line win over it.
+type Config struct {
+	Hooks Scripts     `toml:"hooks"`
+	Run   RunDefaults `toml:"run"`
+}
+
+// RunDefaults are defaults for `stasis run`.
+type RunDefaults struct {
+	Mode      string        `toml:"mode"`       // app or process
+	Signal    string        `toml:"signal"`     // preemption signals, "USR1,TERM"
+	Grace     time.Duration `toml:"grace"`      // "120s"
+	KillAfter time.Duration `toml:"kill_after"` // between SIGTERM and SIGKILL
+	Fallback  string        `toml:"fallback"`   // "process" or ""
+}
+
+// LoadConfig reads home's config.toml; a store without one has the zero
+// Config.
+func LoadConfig(home string) (Config, error) {
+	var c Config
+	path := filepath.Join(home, ConfigName)
+	md, err := toml.DecodeFile(path, &c)
+	if errors.Is(err, os.ErrNotExist) {
+		return Config{}, nil
+	}
+	if err != nil {
+		return Config{}, fmt.Errorf("%w: %s: %s", ErrConfig, path, strings.Join(strings.Fields(err.Error()), " "))
+	}
+	if unknown := md.Undecoded(); len(unknown) > 0 {
+		return Config{}, fmt.Errorf("%w: %s: unknown key %q (see docs/config.md)", ErrConfig, path, unknown[0].String())
+	}
+	for name, p := range c.Hooks.paths() {
+		if p != "" && !filepath.IsAbs(p) {
+			return Config{}, fmt.Errorf("%w: %s: [hooks] %s = %q: give an absolute path", ErrConfig, path, name, p)
+		}
+	}
+	return c, nil
+}
