@@ -148,6 +148,13 @@ type Options struct {
 	// process in place of resources that were outside the dumped tree,
 	// such as the pipe its output went to (CRIU's --inherit-fd).
 	InheritFDs []InheritFD `json:"-"`
+	// NamespacesOf, when set, runs CRIU inside the PID and mount
+	// namespaces of that process (a PID of this namespace): for a tree in
+	// a PID namespace of its own, with that namespace's /proc mounted in
+	// its mount namespace, CRIU then sees it as it sees itself, and its
+	// images are those of a tree with no namespace. PIDs given to CRIU
+	// are then that namespace's.
+	NamespacesOf int `json:"-"`
 }
 
 // InheritFD replaces, on restore, the outside resource CRIU's images name
@@ -157,7 +164,9 @@ type InheritFD struct {
 	File *os.File
 }
 
-func (o Options) rpcOpts(imagesDir, workDir *os.File, logFile string) *rpc.CriuOpts {
+// rpcOpts translates o. config, when set, is a CRIU configuration file
+// that CRIU inherits (NamespacesOf).
+func (o Options) rpcOpts(imagesDir, workDir, config *os.File, logFile string) *rpc.CriuOpts {
 	level := o.LogLevel
 	if level == 0 {
 		level = 4
@@ -175,6 +184,16 @@ func (o Options) rpcOpts(imagesDir, workDir *os.File, logFile string) *rpc.CriuO
 	}
 	for _, in := range o.InheritFDs {
 		opts.InheritFd = append(opts.InheritFd, &rpc.InheritFd{Key: proto.String(in.Key), Fd: proto.Int32(int32(in.File.Fd()))})
+	}
+	if config != nil {
+		// CRIU in another PID namespace cannot reach this process's
+		// files as /proc/PID/fd/N (it does not see PID): it gets the
+		// directories as its own inherited files, the work directory
+		// through a configuration file, RPC having no path for it.
+		opts.ImagesDirFd = proto.Int32(-1)
+		opts.ImagesDir = proto.String(fmt.Sprintf("/proc/self/fd/%d", imagesDir.Fd()))
+		opts.WorkDirFd = nil
+		opts.ConfigFile = proto.String(fmt.Sprintf("/proc/self/fd/%d", config.Fd()))
 	}
 	return opts
 }
@@ -252,8 +271,8 @@ func MakeDirs(root string) (images, work string, err error) {
 	return images, work, nil
 }
 
-// Dump dumps the tree rooted at pid into imagesDir, calling hooks at CRIU's
-// notify points. CRIU's log goes to workDir/dump.log: it is still being
+// Dump dumps the tree rooted at pid (as o.NamespacesOf's PID namespace
+// sees it, when set) into imagesDir, calling hooks at CRIU's notify points. CRIU's log goes to workDir/dump.log: it is still being
 // written while PostDump runs, when the images are complete. Both
 // directories must exist.
 func Dump(o Options, pid int, imagesDir, workDir string, hooks Hooks) error {
@@ -303,6 +322,13 @@ func Launch(args []string) (ok bool, err error) {
 	if criuPath == "" || len(args) == 0 || args[0] != "swrk" {
 		return false, nil
 	}
+	if spec := os.Getenv(nsenterEnv); spec != "" {
+		// nsenter.c entered them before main.
+		if err := entered(spec); err != nil {
+			return true, fmt.Errorf("criu launcher: %w", err)
+		}
+		os.Unsetenv(nsenterEnv)
+	}
 	if err := unix.Setpgid(0, 0); err != nil {
 		return true, fmt.Errorf("criu launcher: setpgid: %w", err)
 	}
@@ -317,7 +343,8 @@ func run(op string, o Options, imagesDir, workDir, logName string, hooks Hooks, 
 	}
 	// go-criu starts the binary it is given with the swrk arguments; give
 	// it this binary, which (Launch) starts criu in its own process group.
-	if self, err := os.Executable(); err == nil {
+	self, selfErr := os.Executable()
+	if selfErr == nil {
 		os.Setenv(launcherEnv, path)
 		defer os.Unsetenv(launcherEnv)
 		path = self
@@ -335,19 +362,55 @@ func run(op string, o Options, imagesDir, workDir, logName string, hooks Hooks, 
 	// CRIU (go-criu starts it with no extra files) gets the inherited
 	// files by their numbers in this process: they stay open across its
 	// exec for as long as it starts.
+	inherited := []*os.File{}
 	for _, in := range o.InheritFDs {
-		if _, err := unix.FcntlInt(in.File.Fd(), unix.F_SETFD, 0); err != nil {
-			return fmt.Errorf("pass %s to criu: %w", in.Key, err)
+		inherited = append(inherited, in.File)
+	}
+	var config *os.File
+	if o.NamespacesOf != 0 {
+		if selfErr != nil {
+			return fmt.Errorf("criu %s inside the namespaces of PID %d needs stasis's own binary as its launcher: %w", op, o.NamespacesOf, selfErr)
 		}
-		defer unix.FcntlInt(in.File.Fd(), unix.F_SETFD, unix.FD_CLOEXEC)
+		spec, err := namespaces(o.NamespacesOf)
+		if err != nil {
+			return err
+		}
+		if config, err = workDirConfig(work); err != nil {
+			return err
+		}
+		defer config.Close()
+		os.Setenv(nsenterEnv, spec)
+		defer os.Unsetenv(nsenterEnv)
+		inherited = append(inherited, images, work, config)
+	}
+	for _, f := range inherited {
+		if _, err := unix.FcntlInt(f.Fd(), unix.F_SETFD, 0); err != nil {
+			return fmt.Errorf("pass %s to criu: %w", f.Name(), err)
+		}
+		defer unix.FcntlInt(f.Fd(), unix.F_SETFD, unix.FD_CLOEXEC)
 	}
 	c := gocriu.MakeCriu()
 	c.SetCriuPath(path)
 	logPath := filepath.Join(workDir, logName)
-	if err := do(c, o.rpcOpts(images, work, logName), notifier{h: hooks}); err != nil {
+	if err := do(c, o.rpcOpts(images, work, config, logName), notifier{h: hooks}); err != nil {
 		return &Error{Op: op, Err: err, Log: logPath, Excerpt: ErrorLines(logPath, 6)}
 	}
 	return nil
+}
+
+// workDirConfig is a CRIU configuration file, in memory, that names work
+// (as CRIU, which inherits it, sees it) as the work directory.
+func workDirConfig(work *os.File) (*os.File, error) {
+	fd, err := unix.MemfdCreate("criu.conf", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("criu configuration: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "criu.conf")
+	if _, err := fmt.Fprintf(f, "work-dir /proc/self/fd/%d\n", work.Fd()); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("criu configuration: %w", err)
+	}
+	return f, nil
 }
 
 // harmless reports CRIU error lines that do not explain a failure: CRIU
