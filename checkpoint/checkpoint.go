@@ -102,6 +102,22 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			return nil, fmt.Errorf("%w: PID %d is an ancestor of stasis itself", catalog.ErrInvalid, o.PID)
 		}
 	}
+	// A tree in a PID namespace of its own (restored there by stasis, as
+	// `restore --new-pidns` and `stasis run` do) is dumped by CRIU run
+	// inside its PID and mount namespaces: from outside, CRIU would need
+	// the namespace's init in the dump. The images, and the checkpoint's
+	// description, hold the PIDs the tree has in there.
+	dumpPID := o.PID
+	nested, err := OwnPIDNS(o.PID)
+	if err != nil {
+		return nil, err
+	}
+	if nested {
+		if !ownProcMounted(o.PID) {
+			return nil, fmt.Errorf("%w: PID %d runs in a PID namespace of its own whose /proc is not mounted in its mount namespace; CRIU can dump it only from inside, with that /proc", catalog.ErrInvalid, o.PID)
+		}
+		o.CRIU.NamespacesOf, dumpPID = o.PID, NSPID(o.PID)
+	}
 	criuPath, criuVersion, err := criu.Resolve(o.CRIU.Path)
 	if err != nil {
 		return nil, err
@@ -203,9 +219,20 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	}
 	res.ImagesInRAM = scratch.InRAM()
 	meta := Meta{
-		PID: o.PID, Processes: tree, CRIUVersion: criu.FormatVersion(criuVersion), Kernel: KernelRelease(),
+		PID: dumpPID, Processes: tree, CRIUVersion: criu.FormatVersion(criuVersion), Kernel: KernelRelease(),
 		LeaveRunning: o.LeaveRunning, ShellJob: o.CRIU.ShellJob, TCPEstablished: o.CRIU.TCPEstablished,
 		ExtUnixSockets: o.CRIU.ExtUnixSockets, FileLocks: o.CRIU.FileLocks, GPU: gpuMeta,
+	}
+	if nested {
+		meta.Processes = insideView(tree)
+		if gpuMeta != nil {
+			inside := *gpuMeta
+			inside.PIDs = nil
+			for _, pid := range gpuMeta.PIDs {
+				inside.PIDs = append(inside.PIDs, NSPID(pid))
+			}
+			meta.GPU = &inside
+		}
 	}
 	w := o.Writer
 	w.Progress = o.Progress
@@ -262,7 +289,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		},
 	}
 	dumpStart := time.Now()
-	dumpErr := criu.Dump(o.CRIU, o.PID, images, work, hooks)
+	dumpErr := criu.Dump(o.CRIU, dumpPID, images, work, hooks)
 	if followErr := finishFollowing(); followErr != nil && dumpErr == nil && !committed {
 		dumpErr = followErr
 	}

@@ -63,7 +63,11 @@ func Tree(pid int) ([]Process, error) {
 
 // Status reads /proc/PID/status: each field's value, trimmed, by name.
 func Status(pid int) (map[string]string, error) {
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	return readStatus(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+}
+
+func readStatus(path string) (map[string]string, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -128,20 +132,95 @@ func Children(pid int) ([]int, error) {
 	return kids, nil
 }
 
-// PIDHolder describes the process that holds pid, or "" when pid is free.
-func PIDHolder(pid int) string {
+// NSPID is the PID of a process (or the ID of a thread: pid/task/TID) in
+// its own PID namespace, the last of its NSpid; 0 when it is gone.
+func NSPID(pid int) int {
+	return lastNSpid(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+}
+
+func lastNSpid(statusPath string) int {
+	status, err := readStatus(statusPath)
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(status["NSpid"])
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[len(f)-1])
+	return n
+}
+
+// OwnPIDNS reports whether pid runs in a PID namespace nested in this
+// process's, and is not its init.
+func OwnPIDNS(pid int) (bool, error) {
+	self, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return false, err
+	}
+	ns, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "ns", "pid"))
+	if err != nil {
+		return false, fmt.Errorf("%w: PID %d: %v", ErrNoProcess, pid, err)
+	}
+	return ns != self && NSPID(pid) > 1, nil
+}
+
+// ownProcMounted reports whether the /proc that pid sees, in its mount
+// namespace, is its own PID namespace's: CRIU run from inside needs it.
+func ownProcMounted(pid int) bool {
+	ns, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "ns", "pid"))
+	if err != nil {
+		return false
+	}
+	initNS, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "root", "proc", "1", "ns", "pid"))
+	return err == nil && initNS == ns
+}
+
+// insideView is the tree with the PIDs and thread IDs its own PID
+// namespace gives it: those its CRIU images hold when CRIU dumps it from
+// inside. Processes that ended meanwhile are left out.
+func insideView(tree []Process) []Process {
+	var inside []Process
+	for _, p := range tree {
+		q := p
+		if q.PID = NSPID(p.PID); q.PID == 0 {
+			continue
+		}
+		q.Threads = nil
+		for _, tid := range p.Threads {
+			if id := lastNSpid(filepath.Join("/proc", strconv.Itoa(p.PID), "task", strconv.Itoa(tid), "status")); id != 0 {
+				q.Threads = append(q.Threads, id)
+			}
+		}
+		inside = append(inside, q)
+	}
+	return inside
+}
+
+// PIDHolder describes the process that holds pid, or "" when pid is free,
+// and says whether it is a zombie.
+func PIDHolder(pid int) (string, bool) {
 	status, err := Status(pid)
 	if err != nil {
-		return ""
+		return "", false
 	}
 	name, state := status["Name"], status["State"]
 	if name == "" {
 		name = "?"
 	}
 	if strings.HasPrefix(state, "Z") {
-		return fmt.Sprintf("%s, a zombie its parent has not reaped yet", name)
+		return fmt.Sprintf("%s, a zombie its parent has not reaped yet", name), true
 	}
-	return fmt.Sprintf("%s (%s)", name, state)
+	return fmt.Sprintf("%s (%s)", name, state), false
+}
+
+// ShellStatus is a wait status as a shell reports it: the exit status, or
+// 128 + the signal's number.
+func ShellStatus(ws unix.WaitStatus) int {
+	if ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ws.ExitStatus()
 }
 
 // running reports whether pid exists and is not a zombie.

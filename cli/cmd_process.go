@@ -134,7 +134,11 @@ func (e *env) restoreCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
-			res, err := hooks.Restore(c.Context, s, rec.ID, restore.Options{PIDWait: c.Duration("pid-wait"), Read: catalog.ReadOptions{}, GPUMap: gpuMap, Force: c.Bool("force"), NewPIDNS: c.Bool("new-pidns")}, scripts(c, cfg), e.stderr)
+			pidns := restore.PIDNSNever
+			if c.Bool("new-pidns") {
+				pidns = restore.PIDNSAlways
+			}
+			res, err := hooks.Restore(c.Context, s, rec.ID, restore.Options{PIDWait: c.Duration("pid-wait"), Read: catalog.ReadOptions{}, GPUMap: gpuMap, Force: c.Bool("force"), PIDNS: pidns}, scripts(c, cfg), e.stderr)
 			if res == nil {
 				return err
 			}

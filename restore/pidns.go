@@ -7,9 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
+	"time"
 
 	"github.com/stasis-ckpt/stasis/checkpoint"
 	"github.com/stasis-ckpt/stasis/criu"
@@ -24,6 +23,11 @@ type pidnsRequest struct {
 	CRIU   criu.Options `json:"criu"`
 	Images string       `json:"images"`
 	Work   string       `json:"work"`
+	// Inherit are the keys of co.InheritFDs, whose files the init gets as
+	// fds 4, 5, ... in this order.
+	Inherit    []string      `json:"inherit,omitempty"`
+	Supervised bool          `json:"supervised,omitempty"`
+	KillAfter  time.Duration `json:"kill_after,omitempty"`
 }
 
 type pidnsReport struct {
@@ -32,51 +36,65 @@ type pidnsReport struct {
 }
 
 // restoreInNewPIDNS restores the tree inside a new PID (and mount)
-// namespace, whose init is a copy of this binary that stays as long as
-// the tree runs. The tree gets its own PIDs inside the namespace, whatever
-// holds them outside. It returns the root's PID as this namespace sees it.
-func restoreInNewPIDNS(co criu.Options, images, work string) (hostPID, nsPID int, err error) {
+// namespace, whose init is a copy of this binary (see Options.Supervised
+// for how long it stays). The tree gets its own PIDs inside the namespace,
+// whatever holds them outside. It returns the root's PID as this namespace
+// sees it and as the new one does, and the init's.
+func restoreInNewPIDNS(co criu.Options, images, work string, supervised bool, killAfter time.Duration) (hostPID, nsPID, init int, err error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	req, _ := json.Marshal(pidnsRequest{CRIU: co, Images: images, Work: work})
+	request := pidnsRequest{CRIU: co, Images: images, Work: work, Supervised: supervised, KillAfter: killAfter}
 	r, w, err := os.Pipe()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
+	files := []*os.File{w} // fd 3: the report
+	for _, in := range co.InheritFDs {
+		request.Inherit = append(request.Inherit, in.Key)
+		files = append(files, in.File)
+	}
+	req, _ := json.Marshal(request)
 	cmd := exec.Command(exe, PIDNSInitArg, string(req))
-	cmd.ExtraFiles = []*os.File{w} // fd 3: the report
+	cmd.ExtraFiles = files
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS}
+	if supervised {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	}
 	if err := cmd.Start(); err != nil {
 		r.Close()
 		w.Close()
-		return 0, 0, fmt.Errorf("start a PID namespace: %w", err)
+		return 0, 0, 0, fmt.Errorf("start a PID namespace: %w", err)
 	}
 	w.Close()
 	var rep pidnsReport
 	decErr := json.NewDecoder(r).Decode(&rep)
 	r.Close()
-	if decErr != nil || rep.Error != "" || rep.PID == 0 {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if log := filepath.Join(work, criu.RestoreLog); rep.Error != "" && fileExists(log) {
-			// CRIU ran and failed: the same error as a restore here,
-			// so that the caller keeps the log.
-			return 0, 0, &criu.Error{Op: "restore", Err: errors.New(rep.Error), Log: log, Excerpt: criu.ErrorLines(log, 6)}
+	host, found := 0, false
+	if decErr == nil && rep.Error == "" && rep.PID != 0 {
+		if host, found = hostPIDOf(cmd.Process.Pid, rep.PID); found {
+			// The init stays; stasis run waits for it (Supervised),
+			// otherwise whoever adopts it once stasis exits reaps it.
+			init = cmd.Process.Pid
+			cmd.Process.Release()
+			return host, rep.PID, init, nil
 		}
-		if rep.Error != "" {
-			return 0, 0, errors.New(rep.Error)
-		}
-		return 0, 0, fmt.Errorf("the PID namespace's init reported nothing: %v", decErr)
 	}
-	host, ok := hostPIDOf(cmd.Process.Pid, rep.PID)
-	// The init stays; it is reaped by whoever adopts it once stasis exits.
-	cmd.Process.Release()
-	if !ok {
-		return 0, 0, fmt.Errorf("restored PID %d inside the namespace, but cannot find it outside", rep.PID)
+	// Killing the init ends whatever runs in its namespace.
+	cmd.Process.Kill()
+	cmd.Wait()
+	switch log := filepath.Join(work, criu.RestoreLog); {
+	case rep.Error != "" && fileExists(log):
+		// CRIU ran and failed: the same error as a restore here, so
+		// that the caller keeps the log.
+		return 0, 0, 0, &criu.Error{Op: "restore", Err: errors.New(rep.Error), Log: log, Excerpt: criu.ErrorLines(log, 6)}
+	case rep.Error != "":
+		return 0, 0, 0, errors.New(rep.Error)
+	case rep.PID != 0:
+		return 0, 0, 0, fmt.Errorf("restored PID %d inside the namespace, but cannot find it outside", rep.PID)
 	}
-	return host, rep.PID, nil
+	return 0, 0, 0, fmt.Errorf("the PID namespace's init reported nothing: %v", decErr)
 }
 
 func fileExists(path string) bool {
@@ -91,7 +109,7 @@ func hostPIDOf(init, nsPID int) (int, bool) {
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
-		if p != init && innermostPID(p) == nsPID {
+		if p != init && checkpoint.NSPID(p) == nsPID {
 			return p, true
 		}
 		kids, _ := checkpoint.Children(p)
@@ -100,25 +118,11 @@ func hostPIDOf(init, nsPID int) (int, bool) {
 	return 0, false
 }
 
-// innermostPID reads the last NSpid of a process: its PID in its own
-// namespace.
-func innermostPID(pid int) int {
-	status, err := checkpoint.Status(pid)
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(status["NSpid"])
-	if len(f) == 0 {
-		return 0
-	}
-	n, _ := strconv.Atoi(f[len(f)-1])
-	return n
-}
-
 // RunPIDNSInit is the init of the new PID namespace: it gives the namespace
 // its own /proc, has CRIU restore the tree (which becomes its child),
-// reports the root's PID on fd 3, and then reaps until the tree is gone.
-// It returns the process's exit code.
+// reports the root's PID on fd 3, and then reaps: until the tree is gone,
+// or, supervised, until the root has ended (see Options.Supervised). It
+// returns the process's exit code.
 func RunPIDNSInit(args []string) int {
 	out := os.NewFile(3, "report")
 	report := func(rep pidnsReport) {
@@ -130,6 +134,9 @@ func RunPIDNSInit(args []string) int {
 		report(pidnsReport{Error: "pidns init: bad request"})
 		return 2
 	}
+	for i, key := range req.Inherit {
+		req.CRIU.InheritFDs = append(req.CRIU.InheritFDs, criu.InheritFD{Key: key, File: os.NewFile(uintptr(4+i), key)})
+	}
 	// A /proc of this namespace, in a mount namespace of our own.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		report(pidnsReport{Error: fmt.Sprintf("pidns init: make mounts private: %v", err)})
@@ -140,16 +147,43 @@ func RunPIDNSInit(args []string) int {
 		return 1
 	}
 	pid, err := criu.Restore(req.CRIU, req.Images, req.Work, criu.Hooks{})
+	for _, in := range req.CRIU.InheritFDs {
+		in.File.Close() // the tree has its own copies now
+	}
 	if err != nil {
 		report(pidnsReport{Error: err.Error()})
 		return 1
 	}
 	report(pidnsReport{PID: pid})
-	// The namespace lives as long as its init: reap until nothing is left.
+	// The namespace lives as long as its init.
 	for {
 		var ws unix.WaitStatus
-		if _, err := unix.Wait4(-1, &ws, 0, nil); errors.Is(err, unix.ECHILD) {
+		got, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.ECHILD) {
 			return 0
 		}
+		if err == nil && got == pid && req.Supervised {
+			return endNamespace(checkpoint.ShellStatus(ws), req.KillAfter)
+		}
 	}
+}
+
+// endNamespace stops what runs in the init's namespace besides the init
+// (SIGTERM, then, once the init returns status, SIGKILL from the kernel),
+// giving it up to killAfter to end.
+func endNamespace(status int, killAfter time.Duration) int {
+	unix.Kill(-1, unix.SIGTERM)
+	for deadline := time.Now().Add(killAfter); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for {
+			var ws unix.WaitStatus
+			got, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if errors.Is(err, unix.ECHILD) {
+				return status
+			}
+			if got <= 0 {
+				break
+			}
+		}
+	}
+	return status
 }

@@ -38,17 +38,48 @@ type Options struct {
 	// checkpoint (a MismatchError without it); the mismatches become
 	// warnings.
 	Force bool
-	// NewPIDNS restores into a new PID namespace, where the tree gets its
-	// own PIDs whatever holds them here.
-	NewPIDNS bool
+	// PIDNS says when to restore into a new PID namespace, where the tree
+	// gets its own PIDs whatever holds them here: never (the default),
+	// when one of them is taken, or always.
+	PIDNS PIDNSMode
+	// Supervised makes the init of a new PID namespace the restoring
+	// process's to wait for: it dies with it (PR_SET_PDEATHSIG, which
+	// takes the whole namespace along), and once the tree's root has
+	// ended it stops what else runs in there (SIGTERM, SIGKILL after
+	// KillAfter) and exits with the root's status as a shell reports it
+	// (128 + n for signal n). Otherwise it stays as long as the tree runs.
+	Supervised bool
+	KillAfter  time.Duration
+}
+
+// PIDNSMode is when a restore goes into a new PID namespace.
+type PIDNSMode string
+
+const (
+	PIDNSNever  PIDNSMode = "never"
+	PIDNSAuto   PIDNSMode = "auto" // when a PID of the tree is taken
+	PIDNSAlways PIDNSMode = "always"
+)
+
+// ParsePIDNSMode reads "never", "auto" or "always".
+func ParsePIDNSMode(s string) (PIDNSMode, error) {
+	switch m := PIDNSMode(s); m {
+	case PIDNSNever, PIDNSAuto, PIDNSAlways:
+		return m, nil
+	}
+	return "", fmt.Errorf("%q: use auto, always or never", s)
 }
 
 // Result reports a restore.
 type Result struct {
 	PID int // as this machine's (host) PID namespace sees it
-	// PIDInside is the root's PID inside its new namespace (NewPIDNS).
-	PIDInside int
-	Manifest  *catalog.Manifest
+	// PIDInside is the root's PID inside its new namespace, and Init that
+	// namespace's init (as this machine sees it), when the tree went into
+	// one.
+	PIDInside, Init int
+	// PIDTaken says why it did in PIDNSAuto: which PID was held by what.
+	PIDTaken string
+	Manifest *catalog.Manifest
 	// Unpack is reading and verifying the images; CRIU its restore; GPU
 	// the CUDA restore and unlock.
 	Unpack, CRIU, GPU, Total time.Duration
@@ -101,10 +132,9 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 	for _, m := range mismatches {
 		warnings = append(warnings, m+" (restoring anyway: --force)")
 	}
-	if !o.NewPIDNS {
-		if err := waitForPIDs(ctx, meta, o.PIDWait); err != nil {
-			return nil, err
-		}
+	newNS, taken, err := needNewPIDNS(ctx, meta, o.PIDNS, o.PIDWait)
+	if err != nil {
+		return nil, err
 	}
 
 	scratch, err := s.NewScratch("restore", m.Bytes+m.Bytes/4+256<<20)
@@ -121,25 +151,28 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 		return nil, err
 	}
 	unpacked := time.Now()
-	var pid, inside int
-	if o.NewPIDNS {
-		pid, inside, err = restoreInNewPIDNS(co, images, work)
-	} else {
+	if !newNS {
 		// A PID may have been taken while we unpacked.
-		if err := waitForPIDs(ctx, meta, 0); err != nil {
+		if newNS, taken, err = needNewPIDNS(ctx, meta, o.PIDNS, 0); err != nil {
 			return nil, err
 		}
-		pid, err = criu.Restore(co, images, work, criu.Hooks{})
+	}
+	res := &Result{Manifest: m, ImagesInRAM: scratch.InRAM(), Unpack: unpacked.Sub(start), GPUPairs: pairs, Warnings: warnings, PIDTaken: taken}
+	if newNS {
+		res.PID, res.PIDInside, res.Init, err = restoreInNewPIDNS(co, images, work, o.Supervised, o.KillAfter)
+	} else {
+		res.PID, err = criu.Restore(co, images, work, criu.Hooks{})
 	}
 	if err != nil {
 		criu.KeepLog(err, s.KeepLog)
 		return nil, err
 	}
-	res := &Result{PID: pid, PIDInside: inside, Manifest: m, ImagesInRAM: scratch.InRAM(), Unpack: unpacked.Sub(start), CRIU: time.Since(unpacked), GPUPairs: pairs, Warnings: warnings}
+	res.CRIU = time.Since(unpacked)
+	pid, inside := res.PID, res.PIDInside
 	if meta.GPU != nil {
 		t := time.Now()
 		gpuPIDs := meta.GPU.PIDs
-		if o.NewPIDNS {
+		if newNS {
 			// The driver works with PIDs as this namespace sees them.
 			gpuPIDs = nil
 			for _, p := range meta.GPU.PIDs {
@@ -162,36 +195,47 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 	return res, nil
 }
 
-// waitForPIDs waits up to wait for every thread ID of the tree to be free.
-func waitForPIDs(ctx context.Context, meta checkpoint.Meta, wait time.Duration) error {
+// needNewPIDNS says whether the tree goes into a new PID namespace, and in
+// PIDNSAuto which PID taken made it so. Without one, it waits up to wait for
+// every thread ID of the tree to be free; in PIDNSAuto it waits only while
+// the PIDs are held by zombies (a just-ended process its parent has not
+// reaped yet), and goes into a new namespace at once for a PID a running
+// process holds, or after wait.
+func needNewPIDNS(ctx context.Context, meta checkpoint.Meta, mode PIDNSMode, wait time.Duration) (bool, string, error) {
+	if mode == PIDNSAlways {
+		return true, "", nil
+	}
 	deadline := time.Now().Add(wait)
 	for {
-		pid, holder := takenPID(meta)
+		pid, holder, zombie := takenPID(meta)
 		if holder == "" {
-			return nil
+			return false, "", nil
+		}
+		if mode == PIDNSAuto && (!zombie || time.Now().After(deadline)) {
+			return true, fmt.Sprintf("PID %d is held by %s", pid, holder), nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: PID %d is held by %s; CRIU restores the exact PIDs, so wait for it to go (retry with --pid-wait 30s), end it, or restore into a new PID namespace (--new-pidns)", ErrPIDInUse, pid, holder)
+			return false, "", fmt.Errorf("%w: PID %d is held by %s; CRIU restores the exact PIDs, so wait for it to go (retry with --pid-wait 30s), end it, or restore into a new PID namespace (--new-pidns)", ErrPIDInUse, pid, holder)
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, "", ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
 
-func takenPID(meta checkpoint.Meta) (int, string) {
+func takenPID(meta checkpoint.Meta) (pid int, holder string, zombie bool) {
 	for _, p := range meta.Processes {
 		ids := p.Threads
 		if len(ids) == 0 {
 			ids = []int{p.PID}
 		}
 		for _, id := range ids {
-			if h := checkpoint.PIDHolder(id); h != "" {
-				return id, h
+			if h, z := checkpoint.PIDHolder(id); h != "" {
+				return id, h, z
 			}
 		}
 	}
-	return 0, ""
+	return 0, "", false
 }
