@@ -67,6 +67,7 @@ func (e *env) runCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "fallback", Usage: "app mode: \"process\" takes a process checkpoint when the job ignores the notice"},
 			&ucli.DurationFlag{Name: "fallback-after", DefaultText: "half the grace", Usage: "how long the job has to take up the notice before the fallback"},
 			&ucli.DurationFlag{Name: "pid-wait", Value: 5 * time.Second, Usage: "process mode: how long the restore waits for the job's PIDs to be free"},
+			&ucli.StringFlag{Name: "new-pidns", Value: string(restore.PIDNSAuto), Usage: "process mode: resume the job in a new PID namespace: auto (when one of its PIDs is taken), always or never"},
 		}, processFlags()...), hookFlags(hooks.PreCheckpoint, hooks.PostCheckpoint, hooks.PostRestore)...),
 		Action: func(c *ucli.Context) error {
 			code, err := e.run(c)
@@ -163,12 +164,16 @@ func runOptions(c *ucli.Context, cfg hooks.Config) (hooks.RunOptions, error) {
 	if err != nil {
 		return hooks.RunOptions{}, err
 	}
+	pidns, err := restore.ParsePIDNSMode(c.String("new-pidns"))
+	if err != nil {
+		return hooks.RunOptions{}, usagef("--new-pidns " + err.Error())
+	}
 	return hooks.RunOptions{
 		Job: job, Mode: mode, Command: c.Args().Slice(), Signals: sigs,
 		Grace: pickDuration("grace", d.Grace, 120*time.Second), KillAfter: pickDuration("kill-after", d.KillAfter, 10*time.Second),
 		Fallback: fallback, FallbackAfter: c.Duration("fallback-after"),
 		Scripts: scripts(c, cfg), Checkpoint: co,
-		Restore: restore.Options{PIDWait: c.Duration("pid-wait"), CRIU: co.CRIU},
+		Restore: restore.Options{PIDWait: c.Duration("pid-wait"), PIDNS: pidns, CRIU: co.CRIU},
 	}, nil
 }
 

@@ -71,33 +71,25 @@ func signalTree(root int, sig syscall.Signal) {
 }
 
 // reapJob reaps the zombies among this process's children that belong to
-// the job (its root, and processes of its session orphaned to stasis as
-// the subreaper); children stasis started itself (CRIU, hook scripts, the
-// GPU watchdog) are in other sessions and are left to their own Wait. It
-// returns the root's wait status once the root is reaped.
-func reapJob(root int) (status unix.WaitStatus, rootReaped bool) {
+// the job (waitFor: its root, or the init of the PID namespace it was
+// restored into; and processes of the root's session orphaned to stasis
+// as the subreaper); children stasis started itself (CRIU, hook scripts,
+// the GPU watchdog) are in other sessions and are left to their own Wait.
+// It returns waitFor's wait status once it is reaped.
+func reapJob(root, waitFor int) (status unix.WaitStatus, reaped bool) {
 	kids, _ := checkpoint.Children(os.Getpid())
 	for _, pid := range kids {
 		st, err := readProcStat(pid)
-		if err != nil || st.State != 'Z' || (pid != root && st.Session != root) {
+		if err != nil || st.State != 'Z' || (pid != waitFor && st.Session != root) {
 			continue
 		}
 		var ws unix.WaitStatus
 		got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
-		if err == nil && got == pid && pid == root {
-			status, rootReaped = ws, true
+		if err == nil && got == pid && pid == waitFor {
+			status, reaped = ws, true
 		}
 	}
-	return status, rootReaped
-}
-
-// exitCode is a wait status as a shell reports it: the exit status, or
-// 128 + the signal's number.
-func exitCode(ws unix.WaitStatus) int {
-	if ws.Signaled() {
-		return 128 + int(ws.Signal())
-	}
-	return ws.ExitStatus()
+	return status, reaped
 }
 
 // ParseSignals reads "USR1,TERM" (names with or without SIG, or numbers)

@@ -129,9 +129,12 @@ type supervisor struct {
 	state runState
 	relay *relay // nil when the job writes to stasis's own stdio
 
-	root   int // the job's root process
-	exited bool
-	status int
+	root int // the job's root process
+	// waitFor is the child whose wait status is the job's: the root, or
+	// the init of the PID namespace the root was restored into.
+	waitFor int
+	exited  bool
+	status  int
 
 	preempted    time.Time // the first preemption signal
 	deadline     time.Time
@@ -262,6 +265,10 @@ func (sv *supervisor) resumePoint() (*catalog.Record, error) {
 
 func (sv *supervisor) restore(ctx context.Context, rec *catalog.Record) error {
 	o := sv.o.Restore
+	// A namespace's init ends with the job's root and passes its status
+	// on (it is its parent there), and takes the namespace along if
+	// stasis run dies.
+	o.Supervised, o.KillAfter = true, sv.o.KillAfter
 	if sv.relay != nil {
 		o.CRIU.InheritFDs = sv.relay.inherit(rec.Tags)
 	}
@@ -275,13 +282,32 @@ func (sv *supervisor) restore(ctx context.Context, rec *catalog.Record) error {
 	if sv.relay != nil {
 		sv.relay.handedOver()
 	}
-	sv.root = res.PID
-	if ppid := parentOf(res.PID); ppid != os.Getpid() {
+	sv.root, sv.waitFor = res.PID, res.PID
+	parent, where := os.Getpid(), "stasis run"
+	if res.Init != 0 {
+		// stasis run started the init, which is the root's parent.
+		sv.waitFor, parent, where = res.Init, res.Init, fmt.Sprintf("its PID namespace's init (PID %d)", res.Init)
+	}
+	if ppid := parentOf(res.PID); ppid != parent {
 		signalTree(res.PID, syscall.SIGKILL)
-		return fmt.Errorf("restored job %q as PID %d, but its parent is PID %d, not stasis run: it was killed", sv.o.Job, res.PID, ppid)
+		if res.Init != 0 {
+			syscall.Kill(res.Init, syscall.SIGKILL)
+		}
+		return fmt.Errorf("restored job %q as PID %d, but its parent is PID %d, not %s: it was killed", sv.o.Job, res.PID, ppid, where)
+	}
+	if res.Init != 0 {
+		sv.logf("restored job %q (PID %d) from checkpoint %s into a new PID namespace, where it is PID %d (%s)", sv.o.Job, res.PID, rec.ID, res.PIDInside, pidnsReason(o.PIDNS, res.PIDTaken))
+		return nil
 	}
 	sv.logf("restored job %q (PID %d) from checkpoint %s", sv.o.Job, res.PID, rec.ID)
 	return nil
+}
+
+func pidnsReason(mode restore.PIDNSMode, taken string) string {
+	if taken != "" {
+		return taken
+	}
+	return "--new-pidns " + string(mode)
 }
 
 func parentOf(pid int) int {
@@ -324,7 +350,7 @@ func (sv *supervisor) exec(resume *catalog.Record) error {
 		}
 		return err
 	}
-	sv.root = cmd.Process.Pid
+	sv.root, sv.waitFor = cmd.Process.Pid, cmd.Process.Pid
 	if resume != nil {
 		sv.logf("job %q resumes from checkpoint %s (step %d)", sv.o.Job, resume.ID, resume.Step)
 	}
@@ -364,8 +390,8 @@ func (sv *supervisor) loop(ctx context.Context, sigs <-chan os.Signal) {
 		case <-tick.C:
 		}
 		if !sv.exited {
-			if ws, ok := reapJob(sv.root); ok {
-				sv.onExit(exitCode(ws))
+			if ws, ok := reapJob(sv.root, sv.waitFor); ok {
+				sv.onExit(checkpoint.ShellStatus(ws))
 			}
 		}
 		sv.watch(ctx)
@@ -667,13 +693,13 @@ func (sv *supervisor) finish() {
 		sv.logf("the job's root has ended; stopping %d process(es) it left: %v", len(left), left)
 		signalTree(sv.root, syscall.SIGTERM)
 		for deadline := time.Now().Add(sv.o.KillAfter); time.Now().Before(deadline) && len(sessionMembers(sv.root)) > 0; time.Sleep(50 * time.Millisecond) {
-			reapJob(sv.root)
+			reapJob(sv.root, sv.waitFor)
 		}
 		signalTree(sv.root, syscall.SIGKILL)
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && len(sessionMembers(sv.root)) > 0; time.Sleep(20 * time.Millisecond) {
-			reapJob(sv.root)
+			reapJob(sv.root, sv.waitFor)
 		}
-		reapJob(sv.root)
+		reapJob(sv.root, sv.waitFor)
 	}
 	if sv.relay != nil {
 		sv.relay.wait(2 * time.Second)
