@@ -530,8 +530,9 @@ func nsPIDs(t *testing.T, pid int) []int {
 
 // TestRestoreNewPIDNS restores a checkpoint while the original still holds
 // its PID: refused with the way out named, then restored into a new PID
-// namespace, where the copy has its old PID, and both run. When the copy
-// ends, so does the namespace's init.
+// namespace, where the copy has its old PID, and both run. The copy is
+// checkpointed from inside its namespace, under the PID it has there; when
+// it ends, so does the namespace's init.
 func TestRestoreNewPIDNS(t *testing.T) {
 	requireCRIU(t)
 	home, tmp := t.TempDir(), t.TempDir()
@@ -553,14 +554,17 @@ func TestRestoreNewPIDNS(t *testing.T) {
 	// copy goes on from the checkpoint's count.
 	waitCounting(t, out, len(counts(t, out))+10)
 
-	initPID := 0
-	if ppid, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", copyPID)); err == nil {
-		fields := strings.Fields(string(ppid))
-		initPID, _ = strconv.Atoi(fields[3])
+	initPID := parentOf(t, copyPID)
+	if ids := nsPIDs(t, initPID); len(ids) != 2 || ids[1] != 1 {
+		t.Fatalf("the copy's parent has PIDs %v; want the init of its namespace", ids)
 	}
-	if initPID == 0 || !alive(initPID) {
-		t.Fatalf("no namespace init above the copy (parent %d)", initPID)
-	}
-	killTree(copyPID)
+	again := checkpointPID(t, home, copyPID)
+	waitGone(t, copyPID)
 	waitGone(t, initPID)
+	// The new checkpoint holds the PID the copy had inside, which the
+	// original still holds here.
+	expectCode(t, run(t, home, "restore", "--pid-wait", "100ms", again), cli.ExitPIDInUse, fmt.Sprintf(`PID %d is held by`, pid))
+	if ids := nsPIDs(t, restorePID(t, home, "--new-pidns", again)); len(ids) != 2 || ids[1] != pid {
+		t.Fatalf("restored again with PIDs %v; want %d inside a new namespace", ids, pid)
+	}
 }

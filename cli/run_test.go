@@ -30,7 +30,14 @@ type runningStasis struct {
 
 func startRun(t *testing.T, home string, args ...string) *runningStasis {
 	t.Helper()
-	r := &runningStasis{cmd: exec.Command(stasisBin, append([]string{"run"}, args...)...)}
+	return startCommand(t, home, exec.Command(stasisBin, append([]string{"run"}, args...)...))
+}
+
+// startCommand starts cmd, which runs `stasis run` (in a wrapper such as
+// unshare), in the background, with home as its store.
+func startCommand(t *testing.T, home string, cmd *exec.Cmd) *runningStasis {
+	t.Helper()
+	r := &runningStasis{cmd: cmd}
 	r.cmd.Env = append(os.Environ(), "STASIS_HOME="+home, "STASIS_BIN="+stasisBin)
 	r.cmd.Stdout, r.cmd.Stderr = &r.stdout, &r.stderr
 	// A job's leftover holding stasis's stdout must not hang the test.
@@ -443,12 +450,7 @@ func TestRunProcessModePreemptRestoreAndExitStatus(t *testing.T) {
 	requireCRIU(t)
 	home, out := t.TempDir(), filepath.Join(t.TempDir(), "count")
 	args := []string{"--job", "counter", "--mode", "process", "--", "testdata/count_to.sh", out, "150"}
-	first := startRun(t, home, args...)
-	st := waitJobState(t, home, "counter", jobRunning)
-	waitCounting(t, out, 10)
-	first.signal(t, syscall.SIGUSR1)
-	res := first.wait(t)
-	expectExit(t, res, cli.ExitPreempted)
+	st, res := preemptCounter(t, home, "counter", out, args)
 	atDump := len(counts(t, out))
 	recs := list(t, home)
 	if len(recs) != 1 || recs[0].Kind != "process" || recs[0].Job != "counter" {
@@ -478,6 +480,24 @@ func TestRunProcessModePreemptRestoreAndExitStatus(t *testing.T) {
 	if !strings.Contains(res.stderr, "restored job \"counter\" (PID") {
 		t.Errorf("stderr: %s", res.stderr)
 	}
+}
+
+// preemptCounter runs `stasis run args` for job, whose counter appends to
+// out, until the counter has counted 10 more, then preempts it (exit 75).
+// It returns the job's state while it ran and how stasis run ended.
+func preemptCounter(t *testing.T, home, job, out string, args []string) (jobState, result) {
+	t.Helper()
+	before := 0
+	if _, err := os.Stat(out); err == nil {
+		before = len(counts(t, out))
+	}
+	r := startRun(t, home, args...)
+	st := waitJobState(t, home, job, jobRunning)
+	waitCounting(t, out, before+10)
+	r.signal(t, syscall.SIGUSR1)
+	res := r.wait(t)
+	expectExit(t, res, cli.ExitPreempted)
+	return st, res
 }
 
 // TestRunSecondSignalDuringProcessCheckpoint: a second preemption signal

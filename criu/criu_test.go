@@ -84,3 +84,20 @@ func TestHasFeature(t *testing.T) {
 		t.Fatalf("mem_dirty_track: %v", err)
 	}
 }
+
+// TestEnteredNamespaces: the launcher's check that it runs in the
+// namespaces named in its environment.
+func TestEnteredNamespaces(t *testing.T) {
+	spec, err := namespaces(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := entered(spec); err != nil {
+		t.Fatalf("this process is not in its own namespaces: %v", err)
+	}
+	for _, bad := range []string{spec + "1", "1:2", "1:2:3"} {
+		if err := entered(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
