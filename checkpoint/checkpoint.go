@@ -4,7 +4,8 @@
 // store (compressed, checksummed, durable) and commits them. Only then does
 // CRIU kill the tree (or resume it, with LeaveRunning). If anything fails
 // before the commit, including stasis being killed, CRIU resumes the tree:
-// a failed checkpoint never leaves the job stopped or dead.
+// a failed checkpoint never leaves the job stopped or dead. A tree in a PID
+// namespace of its own is dumped by CRIU run inside that namespace.
 package checkpoint
 
 import (

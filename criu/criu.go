@@ -2,8 +2,9 @@
 // trees into image directories and restore them. It owns the option set
 // stasis uses, finding a CRIU binary and checking its version, feature
 // probes, the notify callbacks that let other steps (the store commit, the
-// CUDA checkpoint) run while the tree is frozen, and the error lines quoted
-// from CRIU's own log when something fails.
+// CUDA checkpoint) run while the tree is frozen, the error lines quoted
+// from CRIU's own log when something fails, and running CRIU inside a
+// tree's PID and mount namespaces (Options.NamespacesOf; nsenter.c).
 //
 // CRIU needs root (or CAP_CHECKPOINT_RESTORE and friends); kernels from 6.13
 // on need CRIU 4.1 or later.

@@ -22,4 +22,12 @@
 // CRIU restores too) and a guard process (RunGuard) kills the rest of the
 // session: no job runs on unsupervised. Processes that leave the session
 // (setsid again) escape all of this.
+//
+// A process-mode job whose PIDs are taken when it resumes (a new
+// container) is restored into a new PID namespace (restore.PIDNSAuto). Its
+// root is then a child of that namespace's init, which stasis run started
+// and waits for instead: the init exits with the root's status, and dies
+// with stasis run (PR_SET_PDEATHSIG), taking the whole namespace along.
+// Signals, the guard and checkpoints address the root by the PID stasis
+// run sees; the checkpoint package dumps it from inside its namespace.
 package hooks

@@ -1,9 +1,12 @@
 // Package restore is the whole-process restore state machine: it checks the
 // checkpoint and the machine first (kind; the files the tree maps, its
 // mounts, the driver and GPU models, each mismatch named; the kernel and
-// CRIU versions, warned about; the tree's PIDs free), unpacks the images into a scratch directory (in RAM when they fit)
-// verifying every chunk before CRIU runs, and has CRIU restore the tree
-// detached, so that it outlives stasis.
+// CRIU versions, warned about; the tree's PIDs free), unpacks the images
+// into a scratch directory (in RAM when they fit) verifying every chunk
+// before CRIU runs, and has CRIU restore the tree detached, so that it
+// outlives stasis. When the tree's PIDs are taken it can restore it into a
+// new PID namespace instead (Options.PIDNS), whose init is a copy of
+// stasis that runs CRIU in there.
 package restore
 
 import (
