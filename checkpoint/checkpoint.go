@@ -109,7 +109,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	// the namespace's init in the dump. The images, and the checkpoint's
 	// description, hold the PIDs the tree has in there.
 	dumpPID := o.PID
-	nested, err := OwnPIDNS(o.PID)
+	nested, err := ownPIDNS(o.PID)
 	if err != nil {
 		return nil, err
 	}

@@ -151,9 +151,9 @@ func lastNSpid(statusPath string) int {
 	return n
 }
 
-// OwnPIDNS reports whether pid runs in a PID namespace nested in this
+// ownPIDNS reports whether pid runs in a PID namespace nested in this
 // process's, and is not its init.
-func OwnPIDNS(pid int) (bool, error) {
+func ownPIDNS(pid int) (bool, error) {
 	self, err := os.Readlink("/proc/self/ns/pid")
 	if err != nil {
 		return false, err

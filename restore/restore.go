@@ -30,7 +30,8 @@ var ErrPIDInUse = errors.New("a PID the checkpoint needs is in use")
 type Options struct {
 	CRIU criu.Options
 	// PIDWait is how long to wait for the tree's PIDs to become free (a
-	// just-killed process stays a zombie until its parent reaps it).
+	// just-killed process stays a zombie until its parent reaps it); in
+	// PIDNSAuto, only while zombies hold them.
 	PIDWait time.Duration
 	Read    catalog.ReadOptions
 	// GPUMap maps GPUs of the checkpoint to GPUs of this machine
