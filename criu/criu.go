@@ -414,6 +414,22 @@ func workDirConfig(work *os.File) (*os.File, error) {
 	return f, nil
 }
 
+// PIDTaken reports whether err is a CRIU restore that failed because a
+// PID it was restoring was taken ("Can't fork for N: File exists"), and
+// returns that line.
+func PIDTaken(err error) (string, bool) {
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Op != "restore" {
+		return "", false
+	}
+	for _, line := range ce.Excerpt {
+		if strings.HasPrefix(line, "Can't fork for ") && strings.HasSuffix(line, ": File exists") {
+			return line, true
+		}
+	}
+	return "", false
+}
+
 // harmless reports CRIU error lines that do not explain a failure: CRIU
 // logs them as errors and goes on.
 func harmless(msg string) bool {

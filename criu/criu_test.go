@@ -3,6 +3,7 @@ package criu
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -98,6 +99,22 @@ func TestEnteredNamespaces(t *testing.T) {
 	for _, bad := range []string{spec + "1", "1:2", "1:2:3"} {
 		if err := entered(bad); err == nil {
 			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+func TestPIDTaken(t *testing.T) {
+	taken := &Error{Op: "restore", Excerpt: []string{"Can't fork for 16516: File exists", "Restoring FAILED."}}
+	if line, ok := PIDTaken(fmt.Errorf("resume: %w", taken)); !ok || line != "Can't fork for 16516: File exists" {
+		t.Errorf("PIDTaken = %q, %v", line, ok)
+	}
+	for _, err := range []error{
+		&Error{Op: "restore", Excerpt: []string{"Can't fork for 16516: Operation not permitted"}},
+		&Error{Op: "dump", Excerpt: []string{"Can't fork for 16516: File exists"}},
+		errors.New("Can't fork for 16516: File exists"),
+	} {
+		if _, ok := PIDTaken(err); ok {
+			t.Errorf("PIDTaken(%v) = true", err)
 		}
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/stasis-ckpt/stasis/catalog"
@@ -162,10 +164,19 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 		}
 	}
 	res := &Result{Manifest: m, ImagesInRAM: scratch.InRAM(), Unpack: unpacked.Sub(start), GPUPairs: pairs, Warnings: warnings, PIDTaken: taken}
+	if !newNS {
+		res.PID, err = criu.Restore(co, images, work, criu.Hooks{})
+		// Another process may take a PID between the check and CRIU's
+		// fork: CRIU has undone its work, and auto goes into a new
+		// namespace after all.
+		if line, taken := criu.PIDTaken(err); taken && o.PIDNS == PIDNSAuto {
+			newNS, res.PIDTaken = true, "a PID was taken during the restore: criu says "+line
+			// What CRIU logs next is the namespace's restore.
+			os.Remove(filepath.Join(work, criu.RestoreLog))
+		}
+	}
 	if newNS {
 		res.PID, res.PIDInside, res.Init, err = restoreInNewPIDNS(co, images, work, o.Supervised, o.KillAfter)
-	} else {
-		res.PID, err = criu.Restore(co, images, work, criu.Hooks{})
 	}
 	if err != nil {
 		criu.KeepLog(err, s.KeepLog)
