@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stasis-ckpt/stasis/cli"
 )
@@ -18,32 +20,51 @@ import (
 // trees that live in such a namespace. Real CRIU and real processes: they
 // need root and CRIU (requireCRIU), some util-linux's unshare.
 
-// takePID starts a process that holds pid, which must be free, as a
-// process of a fresh container would: ns_last_pid makes the next process
-// of this PID namespace get pid (other processes may fork first: then it
-// tries again). The process ends with the test.
+// takePID starts a process that holds pid, as a process of a fresh
+// container would: ns_last_pid makes the next process of this PID
+// namespace get pid. A shell does it, a single thread: a thread of this Go
+// process could take pid between the two steps and keep it. Other
+// processes may get pid first, or hold it for a while: the shell then
+// tries again. The holder ends with the test.
 func takePID(t *testing.T, pid int) {
 	t.Helper()
-	waitGone(t, pid)
-	for range 100 {
-		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0); err != nil {
-			t.Fatalf("take PID %d: %v", pid, err)
-		}
-		cmd := exec.Command("sleep", "1000")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if cmd.Process.Pid == pid {
-			t.Cleanup(func() {
-				cmd.Process.Kill()
-				cmd.Wait()
-			})
-			return
-		}
-		cmd.Process.Kill()
-		cmd.Wait()
+	script := `p=$1
+while :; do
+	if [ ! -e /proc/$p ]; then
+		echo $((p - 1)) >/proc/sys/kernel/ns_last_pid || exit 1
+		sleep 1000 &
+		[ $! -eq $p ] && { echo taken; wait; exit; }
+		kill $!
+	fi
+	sleep 0.01
+done`
+	cmd := exec.Command("sh", "-c", script, "sh", strconv.Itoa(pid))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("could not take PID %d: other processes got it first 100 times", pid)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+	})
+	taken := make(chan bool, 1)
+	go func() {
+		line := make([]byte, 6)
+		n, _ := io.ReadFull(stdout, line)
+		taken <- string(line[:n]) == "taken\n"
+	}()
+	select {
+	case ok := <-taken:
+		if !ok {
+			t.Fatalf("could not take PID %d", pid)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("could not take PID %d in 30s: other processes keep getting it first", pid)
+	}
 }
 
 // childOf is the one child of pid.
