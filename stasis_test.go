@@ -8,13 +8,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"unsafe"
 
 	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/cuda/cudatest"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,19 +25,11 @@ import (
 var fakeDir string // the stand-in's state directory; "" when it could not be built
 
 func TestMain(m *testing.M) {
-	if _, err := exec.LookPath("gcc"); err == nil {
-		dir, _ := os.MkdirTemp("", "stasis-fakecuda-")
-		lib := filepath.Join(dir, "libcuda.so.1")
-		if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", lib, "cuda/testdata/fakecuda/libcuda.c").CombinedOutput(); err == nil {
-			os.Setenv("STASIS_LIBCUDA", lib)
-			os.Setenv("STASIS_FAKE_CUDA_DIR", dir)
-			fakeDir = dir
-		} else {
-			fmt.Fprintf(os.Stderr, "stand-in driver not built: %v\n%s", err, out)
-		}
-		defer os.RemoveAll(dir)
-	}
-	os.Exit(m.Run())
+	var cleanup func()
+	fakeDir, cleanup = cudatest.Use()
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
 }
 
 func openStore(t *testing.T) *Store {
