@@ -273,9 +273,9 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-// TestSnapshotMemoryPinnedOnce saves GPU memory three times: the snapshot
-// memory is pinned once (in the background, after the first snapshot) and
-// unpinned once, by Close.
+// TestSnapshotMemoryPinnedOnce prepares the snapshot memory and saves GPU
+// memory three times: it is pinned once (in the background, by Prepare)
+// and unpinned once, by Close.
 func TestSnapshotMemoryPinnedOnce(t *testing.T) {
 	if fakeDir == "" {
 		t.Skip("the stand-in driver could not be built (no gcc)")
@@ -287,6 +287,9 @@ func TestSnapshotMemoryPinnedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	dev := mapped(t, 3<<20)
+	if err := s.Prepare([]Tensor{{Name: "w", DType: "uint8", Shape: []int64{3 << 20}, Device: devicePtr(dev), Bytes: 3 << 20}}); err != nil {
+		t.Fatal(err)
+	}
 	for step := int64(1); step <= 3; step++ {
 		c := s.Begin("pin", step)
 		c.Add(Tensor{Name: "w", DType: "uint8", Shape: []int64{3 << 20}, Device: devicePtr(dev), Bytes: 3 << 20})

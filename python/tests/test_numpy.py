@@ -87,6 +87,7 @@ class RoundTrip(StoreTest):
 
     def test_async_save_is_a_snapshot(self):
         state = sample_state(2)
+        stasis.prepare(state, home=self.home)
         want = {k: v.copy() for k, v in state["model"].items()}
         h = stasis.save(state, job="snap", step=1, home=self.home)
         for arr in state["model"].values():
