@@ -20,7 +20,7 @@ type snapshotArena struct {
 	buf     []byte
 	drv     *cuda.Driver
 	pinned  cuda.Context  // the context it was registered in; nil when not pinned
-	pinning chan struct{} // closed when a background registration ends; nil when none began
+	pinning chan struct{} // closed when a background registration (or touch) ends; nil when none began
 }
 
 // pin registers the arena in ctx in the background.
@@ -35,7 +35,24 @@ func (a *snapshotArena) pin(ctx cuda.Context) {
 	}()
 }
 
-// waitPin waits for a background registration to end.
+// touch faults every page of the arena in, in the background (for host
+// buffers, which need no pinning: the first snapshot then does not pay
+// for the faults).
+func (a *snapshotArena) touch() {
+	done := make(chan struct{})
+	a.pinning = done
+	go func() {
+		defer close(done)
+		if unix.Madvise(a.buf, unix.MADV_POPULATE_WRITE) == nil {
+			return
+		}
+		for i := 0; i < len(a.buf); i += 4096 { // kernels before 5.14
+			a.buf[i] = 0
+		}
+	}()
+}
+
+// waitPin waits for a background registration or touch to end.
 func (a *snapshotArena) waitPin() {
 	if a.pinning != nil {
 		<-a.pinning
@@ -139,6 +156,8 @@ func (a *snapshotArena) prepare(ts []Tensor) error {
 	}
 	if i := indexOfDevice(ts); i >= 0 && a.pinned == nil {
 		a.pin(contexts[i])
+	} else if i < 0 && len(a.buf) > 0 {
+		a.touch()
 	}
 	return nil
 }
