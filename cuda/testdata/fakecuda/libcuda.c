@@ -15,6 +15,10 @@
  * N-th device-to-host copy fail; pinning and unpinning, stream creation and
  * destruction are counted in calls.log.
  *
+ * Built with -DNO_CHECKPOINT_API it lacks the checkpoint API, like a driver
+ * before 570: then cuda-checkpoint.c, the stand-in for NVIDIA's tool, makes
+ * the same calls.
+ *
  * GPUs: $STASIS_FAKE_CUDA_DIR/devices holds how many (default 1); GPU i has
  * the UUID whose bytes are 0x10+i, 0x11+i, ... A process runs on the GPU
  * in .../<pid>.gpu (default 0). A restore with GPU pairs logs them ("restore
@@ -89,7 +93,7 @@ static void put_state(int pid, int s) {
 	writeint(name, s);
 }
 
-static int transition(const char *call, int pid, int from, int to, int failure) {
+__attribute__((unused)) static int transition(const char *call, int pid, int from, int to, int failure) {
 	int r = OK;
 	char slow[4096];
 	snprintf(slow, sizeof slow, "%s/slow-%s", dir(), call);
@@ -120,7 +124,7 @@ typedef struct { gpu_pair *pairs; unsigned int count; } restore_args;
 
 /* A restore onto other GPUs: every pair must name GPUs that exist, and the
  * pairs must cover the GPU the process ran on. */
-static int restore_pairs(int pid, const restore_args *a) {
+__attribute__((unused)) static int restore_pairs(int pid, const restore_args *a) {
 	char log[4096];
 	int n = snprintf(log, sizeof log, "restore");
 	int to = -1, r = OK;
@@ -180,6 +184,18 @@ int cuGetErrorName(int r, const char **s) {
 	}
 	return OK;
 }
+/* The error strings cuda-checkpoint prints. */
+int cuGetErrorString(int r, const char **s) {
+	switch (r) {
+	case NOT_READY: *s = "device not ready"; break;
+	case ILLEGAL_STATE: *s = "the operation cannot be performed in the present state"; break;
+	case UNKNOWN: *s = "unknown error"; break;
+	default: *s = "invalid argument";
+	}
+	return OK;
+}
+/* Left out with -DNO_CHECKPOINT_API (see above). */
+#ifndef NO_CHECKPOINT_API
 int cuCheckpointProcessGetState(int pid, int *state) { *state = get_state(pid); return OK; }
 int cuCheckpointProcessLock(int pid, void *args) { (void)args; return transition("lock", pid, RUNNING, LOCKED, NOT_READY); }
 int cuCheckpointProcessCheckpoint(int pid, void *args) { (void)args; return transition("checkpoint", pid, LOCKED, CHECKPOINTED, UNKNOWN); }
@@ -190,6 +206,7 @@ int cuCheckpointProcessRestore(int pid, void *args) {
 }
 int cuCheckpointProcessUnlock(int pid, void *args) { (void)args; return transition("unlock", pid, LOCKED, RUNNING, UNKNOWN); }
 int cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) { *tid = pid; return OK; }
+#endif
 
 int cuPointerGetAttribute(void *data, int attribute, unsigned long long ptr) {
 	(void)attribute; (void)ptr;
