@@ -69,7 +69,7 @@ func (a *snapshotArena) snapshot(ts []Tensor) ([]Tensor, error) {
 	contexts := make([]cuda.Context, len(ts))
 	if firstDevice != 0 {
 		if a.drv == nil {
-			drv, err := cuda.Load()
+			drv, err := cuda.LoadLibrary()
 			if err != nil {
 				return nil, err
 			}
