@@ -363,8 +363,9 @@ func LoadLibrary() (*Driver, error) {
 	return loaded, loadErr
 }
 
-// checkpointAPI names the checkpoint API's functions as libcuda exports them.
-var checkpointAPI = []string{
+// CheckpointAPI names the checkpoint API's functions as libcuda exports
+// them.
+var CheckpointAPI = []string{
 	"cuCheckpointProcessGetState", "cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",
 	"cuCheckpointProcessRestore", "cuCheckpointProcessUnlock", "cuCheckpointProcessGetRestoreThreadId",
 }
@@ -406,7 +407,7 @@ func (d *Driver) pickBackend() {
 		unsafe.Pointer(d.d.restore), unsafe.Pointer(d.d.unlock), unsafe.Pointer(d.d.getRestoreThreadId),
 	} {
 		if p == nil {
-			missing = append(missing, checkpointAPI[i])
+			missing = append(missing, CheckpointAPI[i])
 		}
 	}
 	if len(missing) == 0 {
@@ -415,7 +416,7 @@ func (d *Driver) pickBackend() {
 		return
 	}
 	lacks := fmt.Sprintf("%s lacks %s", d.Path, strings.Join(missing, ", "))
-	if len(missing) == len(checkpointAPI) {
+	if len(missing) == len(CheckpointAPI) {
 		lacks = d.Path + " lacks the checkpoint API (cuCheckpointProcess*; drivers before 570)"
 	}
 	path, where, err := FindTool()
