@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -145,6 +146,7 @@ func (t *tool) action(pid int, action string, more ...string) error {
 }
 
 func (t *tool) state(pid int) (State, error) {
+	t.waitIdle(pid)
 	out, err := t.run(pid, "--get-state", "--pid", strconv.Itoa(pid))
 	if err != nil {
 		return 0, err
@@ -154,6 +156,45 @@ func (t *tool) state(pid int) (State, error) {
 		return 0, fmt.Errorf("cuda-checkpoint --get-state --pid %d: %w", pid, err)
 	}
 	return s, nil
+}
+
+// idleWait bounds how long waitIdle waits.
+const idleWait = 10 * time.Minute
+
+// waitIdle waits, up to idleWait, while another cuda-checkpoint runs on
+// pid. Unlike a driver call, a cuda-checkpoint step goes on when the
+// stasis that started it is killed; the watchdog and recover, which begin
+// with the state, must not act on the process before it ends.
+func (t *tool) waitIdle(pid int) {
+	for deadline := time.Now().Add(idleWait); t.busy(pid) && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// busy reports whether a process runs this cuda-checkpoint on pid.
+func (t *tool) busy(pid int) bool {
+	entries, _ := os.ReadDir("/proc")
+	self := strconv.Itoa(os.Getpid())
+	for _, e := range entries {
+		if e.Name() == self || e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+		// The tool itself, or a script run by its interpreter.
+		if i := slices.Index(args, t.path); i < 0 || i > 1 {
+			continue
+		}
+		for i := 0; i+1 < len(args); i++ {
+			if (args[i] == "--pid" || args[i] == "-p") && args[i+1] == strconv.Itoa(pid) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (t *tool) lock(pid int, timeout time.Duration) error {

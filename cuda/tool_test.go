@@ -6,7 +6,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // buildTool compiles the stand-in cuda-checkpoint into dir.
@@ -244,5 +246,40 @@ func TestFindTool(t *testing.T) {
 	t.Setenv("PATH", dir)
 	if _, _, err := FindTool(); err == nil || !strings.Contains(err.Error(), "no cuda-checkpoint was found") {
 		t.Fatalf("none: %v", err)
+	}
+}
+
+// TestToolBusy: a cuda-checkpoint still running on a process (left by a
+// killed stasis) is seen, and waited for, by the next state query.
+func TestToolBusy(t *testing.T) {
+	tl := &tool{path: script(t, `if [ "$1" = --get-state ]; then echo running; else sleep 30; fi`)}
+	left := exec.Command(tl.path, "--action", "checkpoint", "--pid", "77")
+	if err := left.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { left.Process.Kill(); left.Wait() }()
+	for deadline := time.Now().Add(5 * time.Second); !tl.busy(77); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the running cuda-checkpoint is not seen")
+		}
+	}
+	if tl.busy(78) || (&tool{path: script(t, "exit 0")}).busy(77) {
+		t.Fatal("busy for another process, or another tool")
+	}
+	// The state query must not return before the left tool ends.
+	var ended atomic.Bool
+	type answer struct {
+		s           State
+		err         error
+		afterTheEnd bool
+	}
+	got := make(chan answer, 1)
+	go func() { s, err := tl.state(77); got <- answer{s, err, ended.Load()} }()
+	time.Sleep(200 * time.Millisecond) // time for a state query that does not wait to return
+	ended.Store(true)
+	left.Process.Kill()
+	left.Wait()
+	if a := <-got; a.err != nil || a.s != Running || !a.afterTheEnd {
+		t.Fatalf("state %v, %v, read after the tool ended: %v", a.s, a.err, a.afterTheEnd)
 	}
 }
