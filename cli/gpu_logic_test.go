@@ -275,18 +275,24 @@ func TestGPUUnavailable(t *testing.T) {
 
 // TestGPUWatchdog kills stasis with SIGKILL while the job is locked on the
 // GPU side (during a slow CUDA checkpoint), in a checkpoint and in a
-// migration: stasis's watchdog notices, and the job is restored onto its
-// old GPU, unlocked, and runs on without anyone calling recover.
+// migration, through the API and through cuda-checkpoint (which runs on
+// after stasis dies): stasis's watchdog notices, and the job is restored
+// onto its old GPU, unlocked, and runs on without anyone calling recover.
 func TestGPUWatchdog(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		args []string
+		tool bool
 	}{
-		{"checkpoint", []string{"checkpoint"}},
-		{"migrate", []string{"migrate", "--to-gpu", "1"}},
+		{"checkpoint", []string{"checkpoint"}, false},
+		{"migrate", []string{"migrate", "--to-gpu", "1"}, false},
+		{"checkpoint through cuda-checkpoint", []string{"checkpoint"}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFakeDriver(t)
+			if c.tool {
+				f, _ = newToolDriver(t)
+			}
 			home, tmp := t.TempDir(), t.TempDir()
 			out := filepath.Join(tmp, "count")
 			pid := f.start(t, out)
@@ -321,6 +327,11 @@ func TestGPUWatchdog(t *testing.T) {
 			}
 			if gpu := f.gpu(t, pid); gpu != "0" {
 				t.Fatalf("the job is on GPU %s after the rescue, want its old GPU 0", gpu)
+			}
+			if c.tool {
+				// The watchdog waited for the cuda-checkpoint that
+				// stasis left running.
+				f.wantCalls(t, pid, "lock P 0", "checkpoint P 0", "restore P 0", "unlock P 0")
 			}
 		})
 	}
