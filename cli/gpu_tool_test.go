@@ -15,13 +15,13 @@ import (
 	"github.com/stasis-ckpt/stasis/cli"
 )
 
-// These tests run the GPU state machine, real CRIU and real processes as
-// gpu_logic_test.go does, on a driver whose libcuda lacks the checkpoint
-// API (the stand-in built with -DNO_CHECKPOINT_API), so that stasis makes
-// the checkpoint calls through cuda-checkpoint: the stand-in of
-// cuda/testdata/fakecuda/cuda-checkpoint.c, which makes the stand-in
-// driver's calls. The driver calls (calls.log) are those of the API path;
-// tool.log shows that the tool made them, with which arguments.
+// The tests of gpu_logic_test.go run once more (gpuBackends) on a driver
+// whose libcuda lacks the checkpoint API (the stand-in built with
+// -DNO_CHECKPOINT_API), so that stasis makes the checkpoint calls through
+// cuda-checkpoint: the stand-in of cuda/testdata/fakecuda/cuda-checkpoint.c,
+// which makes the stand-in driver's calls. The driver calls (calls.log) are
+// those of the API path; tool.log shows that the tool made them, with
+// which arguments. The tests here are the tool's own.
 
 // newToolDriver is newFakeDriver with a libcuda without the checkpoint API,
 // mapped by the counters and loaded by stasis, and cuda-checkpoint named
@@ -69,90 +69,6 @@ func (f *fakeDriver) wantToolRuns(t *testing.T, pid int, want ...string) {
 	if got := f.toolRuns(t, pid); strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("cuda-checkpoint runs:\n got  %q\n want %q", got, want)
 	}
-}
-
-func TestToolCheckpointThenRestore(t *testing.T) {
-	f, _ := newToolDriver(t)
-	home, tmp := t.TempDir(), t.TempDir()
-	out := filepath.Join(tmp, "count")
-	pid := f.start(t, out)
-	id := checkpointPID(t, home, pid)
-	f.wantCalls(t, pid, "lock P 0", "checkpoint P 0")
-	f.wantToolRuns(t, pid, "--get-state --pid P", "--action lock --pid P --timeout 10000", "--action checkpoint --pid P")
-	waitGone(t, pid)
-	atDump := len(counts(t, out))
-	var show struct {
-		Meta struct {
-			GPU struct {
-				Backend string `json:"backend"`
-			} `json:"gpu"`
-		} `json:"meta"`
-	}
-	if err := jsonUnmarshal(mustRun(t, home, "show", "--json", id).stdout, &show); err != nil {
-		t.Fatal(err)
-	}
-	if show.Meta.GPU.Backend != "cuda-checkpoint" {
-		t.Fatalf("the manifest records backend %q", show.Meta.GPU.Backend)
-	}
-
-	if restored := restorePID(t, home, id); restored != pid {
-		t.Fatalf("restored as %d, was %d", restored, pid)
-	}
-	f.wantCalls(t, pid, "restore P 0", "unlock P 0")
-	f.wantToolRuns(t, pid, "--action restore --pid P", "--action unlock --pid P")
-	consecutive(t, waitCounting(t, out, atDump+5))
-}
-
-func TestToolCheckpointLeaveRunning(t *testing.T) {
-	f, _ := newToolDriver(t)
-	home, tmp := t.TempDir(), t.TempDir()
-	out := filepath.Join(tmp, "count")
-	pid := f.start(t, out)
-	checkpointPID(t, home, pid, "--leave-running", "--gpu-lock-timeout", "2500ms")
-	f.wantCalls(t, pid, "lock P 0", "checkpoint P 0", "restore P 0", "unlock P 0")
-	f.wantToolRuns(t, pid, "--get-state --pid P", "--action lock --pid P --timeout 2500", "--action checkpoint --pid P", "--action restore --pid P", "--action unlock --pid P")
-	if s := f.state(t, pid); s != "0" {
-		t.Fatalf("GPU state %s after --leave-running, want running (0)", s)
-	}
-	consecutive(t, waitCounting(t, out, len(counts(t, out))+5))
-}
-
-// TestToolLockTimeout: a lock that cuda-checkpoint reports as timed out is
-// exit 10, as through the API, and the job runs on.
-func TestToolLockTimeout(t *testing.T) {
-	f, _ := newToolDriver(t)
-	home, tmp := t.TempDir(), t.TempDir()
-	out := filepath.Join(tmp, "count")
-	pid := f.start(t, out)
-	f.set(t, "fail-lock", "")
-	expectCode(t, run(t, home, "checkpoint", "--pid", strconv.Itoa(pid), "--gpu-lock-timeout", "200ms"), cli.ExitGPUTimeout,
-		`rolled back; the job runs on: GPU work of PID \d+ did not finish within the lock timeout of 200ms \(raise --gpu-lock-timeout\): cuda-checkpoint --action lock --pid \d+ --timeout 200: Could not lock on process ID \d+: "device not ready" \(exit status 1\)\n$`)
-	f.wantCalls(t, pid, "lock P 600")
-	if s := f.state(t, pid); s != "0" || !alive(pid) {
-		t.Fatalf("after a lock timeout: GPU state %s, alive %v", s, alive(pid))
-	}
-	waitCounting(t, out, len(counts(t, out))+3)
-	if recs := list(t, home); len(recs) != 0 {
-		t.Fatalf("a rolled-back checkpoint is listed: %+v", recs)
-	}
-}
-
-// TestToolCheckpointFailureRollsBack: a failing cuda-checkpoint step is
-// quoted, and the lock is undone through the tool.
-func TestToolCheckpointFailureRollsBack(t *testing.T) {
-	f, _ := newToolDriver(t)
-	home, tmp := t.TempDir(), t.TempDir()
-	out := filepath.Join(tmp, "count")
-	pid := f.start(t, out)
-	f.set(t, "fail-checkpoint", "")
-	expectCode(t, run(t, home, "checkpoint", "--pid", strconv.Itoa(pid)), cli.ExitError,
-		`rolled back; the job runs on: cuda-checkpoint --action checkpoint --pid \d+: Could not checkpoint on process ID \d+: "unknown error" \(exit status 1\)\n$`)
-	f.wantCalls(t, pid, "lock P 0", "checkpoint P 999", "unlock P 0")
-	f.wantToolRuns(t, pid, "--get-state --pid P", "--action lock --pid P --timeout 10000", "--action checkpoint --pid P", "--action unlock --pid P")
-	if s := f.state(t, pid); s != "0" {
-		t.Fatalf("GPU state %s after the rollback", s)
-	}
-	waitCounting(t, out, len(counts(t, out))+3)
 }
 
 // TestToolStepByStep drives `stasis cuda` through cuda-checkpoint, once
@@ -227,32 +143,6 @@ func pathWithoutTool(t *testing.T) string {
 		}
 	}
 	return strings.Join(keep, string(filepath.ListSeparator))
-}
-
-func TestToolRecover(t *testing.T) {
-	f, _ := newToolDriver(t)
-	home, tmp := t.TempDir(), t.TempDir()
-	locked := f.start(t, filepath.Join(tmp, "a"))
-	checkpointed := f.start(t, filepath.Join(tmp, "b"))
-	f.set(t, fmt.Sprintf("%d.state", locked), "1")
-	f.set(t, fmt.Sprintf("%d.state", checkpointed), "2")
-	r := mustRun(t, home, "recover", "--pid", strconv.Itoa(locked), "--pid", strconv.Itoa(checkpointed))
-	for _, want := range []string{
-		fmt.Sprintf("PID %d: locked: unlocked", locked),
-		fmt.Sprintf("PID %d: checkpointed: restored and unlocked", checkpointed),
-	} {
-		if !strings.Contains(r.stdout, want) {
-			t.Errorf("recover did not report %q:\n%s", want, r.stdout)
-		}
-	}
-	for _, pid := range []int{locked, checkpointed} {
-		if s := f.state(t, pid); s != "0" {
-			t.Errorf("PID %d: GPU state %s after recover", pid, s)
-		}
-	}
-	if runs := f.toolRuns(t, 0); len(runs) != 5 {
-		t.Fatalf("recover ran cuda-checkpoint %d times, want 5 (2 states, unlock; restore, unlock): %q", len(runs), runs)
-	}
 }
 
 // TestToolMissing: libcuda without the API and no cuda-checkpoint is exit
