@@ -117,23 +117,12 @@ func TestStandInDriver(t *testing.T) {
 	}
 	const pid = 4242
 	gpu0, _ := ParseUUID(devs[0].UUID)
-	steps := []struct {
-		do   func() error
-		want State
-	}{
+	walk(t, d, pid, []step{
 		{func() error { return d.Lock(pid, 0) }, Locked},
 		{func() error { return d.Checkpoint(pid) }, Checkpointed},
 		{func() error { return d.Restore(pid, []GPUPair{{Old: gpu0, New: gpu0}}) }, Locked},
 		{func() error { return d.Unlock(pid) }, Running},
-	}
-	for i, s := range steps {
-		if err := s.do(); err != nil {
-			t.Fatalf("step %d: %v", i, err)
-		}
-		if st, err := d.ProcessState(pid); err != nil || st != s.want {
-			t.Fatalf("step %d: state %v, %v; want %v", i, st, err, s.want)
-		}
-	}
+	})
 	err = d.Unlock(pid) // not locked
 	var ce *Error
 	if !errors.As(err, &ce) || ce.Name != "CUDA_ERROR_ILLEGAL_STATE" || ce.PID != pid || TimedOut(err) {
@@ -145,6 +134,25 @@ func TestStandInDriver(t *testing.T) {
 	}
 	if tid, err := d.RestoreThreadID(pid); err != nil || tid != pid {
 		t.Fatalf("RestoreThreadID = %d, %v", tid, err)
+	}
+}
+
+// step is one process call and the state it leaves the process in.
+type step struct {
+	do   func() error
+	want State
+}
+
+// walk makes the calls of steps in order, checking the state after each.
+func walk(t *testing.T, d *Driver, pid int, steps []step) {
+	t.Helper()
+	for i, s := range steps {
+		if err := s.do(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if st, err := d.ProcessState(pid); err != nil || st != s.want {
+			t.Fatalf("step %d: state %v, %v; want %v", i, st, err, s.want)
+		}
 	}
 }
 

@@ -147,15 +147,21 @@ func (t *tool) action(pid int, action string, more ...string) error {
 
 func (t *tool) state(pid int) (State, error) {
 	t.waitIdle(pid)
-	out, err := t.run(pid, "--get-state", "--pid", strconv.Itoa(pid))
-	if err != nil {
-		return 0, err
+	return query(t, pid, "--get-state", parseState)
+}
+
+// query runs cuda-checkpoint OP --pid PID and reads what it prints.
+func query[T any](t *tool, pid int, op string, parse func(string) (T, error)) (T, error) {
+	out, err := t.run(pid, op, "--pid", strconv.Itoa(pid))
+	if err == nil {
+		var v T
+		if v, err = parse(out); err == nil {
+			return v, nil
+		}
+		err = fmt.Errorf("cuda-checkpoint %s --pid %d: %w", op, pid, err)
 	}
-	s, err := parseState(out)
-	if err != nil {
-		return 0, fmt.Errorf("cuda-checkpoint --get-state --pid %d: %w", pid, err)
-	}
-	return s, nil
+	var zero T
+	return zero, err
 }
 
 // idleWait bounds how long waitIdle waits.
@@ -213,15 +219,7 @@ func (t *tool) restore(pid int, pairs []GPUPair) error {
 func (t *tool) unlock(pid int) error { return t.action(pid, "unlock") }
 
 func (t *tool) restoreThreadID(pid int) (int, error) {
-	out, err := t.run(pid, "--get-restore-tid", "--pid", strconv.Itoa(pid))
-	if err != nil {
-		return 0, err
-	}
-	tid, err := parseTID(out)
-	if err != nil {
-		return 0, fmt.Errorf("cuda-checkpoint --get-restore-tid --pid %d: %w", pid, err)
-	}
-	return tid, nil
+	return query(t, pid, "--get-restore-tid", parseTID)
 }
 
 // canRemap asks the tool's --help, once, whether it has --device-map.

@@ -24,6 +24,23 @@ func buildTool(t *testing.T, dir string) string {
 	return bin
 }
 
+// toolDriver loads the stand-in driver without the checkpoint API, with
+// the stand-in cuda-checkpoint (bin) named by $STASIS_CUDA_CHECKPOINT and
+// their state in dir.
+func toolDriver(t *testing.T) (d *Driver, bin, dir string) {
+	t.Helper()
+	lib := buildLib(t, "testdata/fakecuda/libcuda.c", "-DNO_CHECKPOINT_API")
+	bin = buildTool(t, t.TempDir())
+	dir = t.TempDir()
+	t.Setenv("STASIS_FAKE_CUDA_DIR", dir)
+	t.Setenv(ToolEnv, bin)
+	d, err := load(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, bin, dir
+}
+
 // script writes an executable shell script.
 func script(t *testing.T, body string) string {
 	t.Helper()
@@ -48,19 +65,11 @@ func readLog(t *testing.T, path string) string {
 // the process calls go through the stand-in cuda-checkpoint, states move
 // as with the API, errors quote the tool, and a lock failure is a timeout.
 func TestToolBackend(t *testing.T) {
-	lib := buildLib(t, "testdata/fakecuda/libcuda.c", "-DNO_CHECKPOINT_API")
-	bin := buildTool(t, t.TempDir())
-	dir := t.TempDir()
-	t.Setenv("STASIS_FAKE_CUDA_DIR", dir)
-	t.Setenv(ToolEnv, bin)
-	os.WriteFile(filepath.Join(dir, "devices"), []byte("2"), 0o600)
-	d, err := load(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, bin, dir := toolDriver(t)
 	if b := d.Backend(); b.Kind != BackendTool || b.Path != bin || !strings.Contains(b.Reason, "lacks the checkpoint API") || !strings.Contains(b.Reason, "$"+ToolEnv) {
 		t.Fatalf("backend %+v", b)
 	}
+	os.WriteFile(filepath.Join(dir, "devices"), []byte("2"), 0o600)
 	devs, err := d.Devices()
 	if err != nil || len(devs) != 2 {
 		t.Fatalf("Devices = %+v, %v", devs, err)
@@ -69,23 +78,12 @@ func TestToolBackend(t *testing.T) {
 	gpu1, _ := ParseUUID(devs[1].UUID)
 	swap := []GPUPair{{Old: gpu0, New: gpu1}, {Old: gpu1, New: gpu0}}
 	const pid = 4242
-	steps := []struct {
-		do   func() error
-		want State
-	}{
+	walk(t, d, pid, []step{
 		{func() error { return d.Lock(pid, 250e6) }, Locked},
 		{func() error { return d.Checkpoint(pid) }, Checkpointed},
 		{func() error { return d.Restore(pid, swap) }, Locked},
 		{func() error { return d.Unlock(pid) }, Running},
-	}
-	for i, s := range steps {
-		if err := s.do(); err != nil {
-			t.Fatalf("step %d: %v", i, err)
-		}
-		if st, err := d.ProcessState(pid); err != nil || st != s.want {
-			t.Fatalf("step %d: state %v, %v; want %v", i, st, err, s.want)
-		}
-	}
+	})
 	if got := readLog(t, filepath.Join(dir, "calls.log")); got != "lock 4242 0\ncheckpoint 4242 0\nrestore 4242 0 0>1 1>0\nunlock 4242 0" {
 		t.Fatalf("driver calls:\n%s", got)
 	}
@@ -119,17 +117,9 @@ func TestToolBackend(t *testing.T) {
 // --device-map; a restore onto other GPUs is refused before the tool runs,
 // one onto the same GPUs goes on.
 func TestToolWithoutDeviceMap(t *testing.T) {
-	lib := buildLib(t, "testdata/fakecuda/libcuda.c", "-DNO_CHECKPOINT_API")
-	bin := buildTool(t, t.TempDir())
-	dir := t.TempDir()
-	t.Setenv("STASIS_FAKE_CUDA_DIR", dir)
-	t.Setenv(ToolEnv, bin)
+	d, _, dir := toolDriver(t)
 	os.WriteFile(filepath.Join(dir, "tool-no-device-map"), nil, 0o600)
 	os.WriteFile(filepath.Join(dir, "4242.state"), []byte("2"), 0o600)
-	d, err := load(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var gpu0, gpu1 [16]byte
 	gpu1[0] = 1
 	for _, err := range []error{d.CanRemap(), d.Restore(4242, []GPUPair{{Old: gpu0, New: gpu1}})} {

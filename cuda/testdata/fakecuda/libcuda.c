@@ -175,25 +175,21 @@ int cuDeviceGetUuid_v2(unsigned char *uuid, int dev) {
 	for (int i = 0; i < 16; i++) uuid[i] = (unsigned char)(0x10 + i + dev);
 	return OK;
 }
-int cuGetErrorName(int r, const char **s) {
-	switch (r) {
-	case NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
-	case ILLEGAL_STATE: *s = "CUDA_ERROR_ILLEGAL_STATE"; break;
-	case UNKNOWN: *s = "CUDA_ERROR_UNKNOWN"; break;
-	default: *s = "CUDA_ERROR_INVALID_VALUE";
-	}
-	return OK;
+/* Each error's name, and its string (which cuda-checkpoint prints); the
+ * last is INVALID_VALUE's, and any other's. */
+static const struct { int code; const char *name, *string; } errors[] = {
+	{NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+	{ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+	{UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+	{INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+};
+static int error_index(int r) {
+	int i = 0;
+	while (errors[i].code != r && errors[i].code != INVALID_VALUE) i++;
+	return i;
 }
-/* The error strings cuda-checkpoint prints. */
-int cuGetErrorString(int r, const char **s) {
-	switch (r) {
-	case NOT_READY: *s = "device not ready"; break;
-	case ILLEGAL_STATE: *s = "the operation cannot be performed in the present state"; break;
-	case UNKNOWN: *s = "unknown error"; break;
-	default: *s = "invalid argument";
-	}
-	return OK;
-}
+int cuGetErrorName(int r, const char **s) { *s = errors[error_index(r)].name; return OK; }
+int cuGetErrorString(int r, const char **s) { *s = errors[error_index(r)].string; return OK; }
 /* Left out with -DNO_CHECKPOINT_API (see above). */
 #ifndef NO_CHECKPOINT_API
 int cuCheckpointProcessGetState(int pid, int *state) { *state = get_state(pid); return OK; }
