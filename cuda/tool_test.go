@@ -70,6 +70,9 @@ func TestToolBackend(t *testing.T) {
 		t.Fatalf("backend %+v", b)
 	}
 	os.WriteFile(filepath.Join(dir, "devices"), []byte("2"), 0o600)
+	if _, err := d.PrimaryContext(0); err != nil {
+		t.Fatalf("the memory calls, without the checkpoint API: %v", err)
+	}
 	devs, err := d.Devices()
 	if err != nil || len(devs) != 2 {
 		t.Fatalf("Devices = %+v, %v", devs, err)
