@@ -288,11 +288,9 @@ func (s State) String() string {
 // libcuda's checkpoint API where the driver exports it, else NVIDIA's
 // cuda-checkpoint tool (tool.go). The memory calls are libcuda's alone.
 type Driver struct {
-	d    C.stasisDriver
-	Path string
-	proc procBackend // nil when neither backend is there
-	// noProc says why proc is nil (it wraps ErrUnavailable).
-	noProc  error
+	d       C.stasisDriver
+	Path    string
+	proc    procBackend
 	backend Backend
 }
 
@@ -350,8 +348,8 @@ func Load() (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	if d.proc == nil {
-		return nil, d.noProc
+	if none, ok := d.proc.(noBackend); ok {
+		return nil, none.why
 	}
 	return d, nil
 }
@@ -421,7 +419,7 @@ func (d *Driver) pickBackend() {
 	}
 	path, where, err := FindTool()
 	if err != nil {
-		d.noProc = fmt.Errorf("%w: %s and %v: upgrade the NVIDIA driver to 570 or later, or install NVIDIA's cuda-checkpoint (on PATH, beside stasis, or named by $%s)", ErrUnavailable, lacks, err, ToolEnv)
+		d.proc = noBackend{fmt.Errorf("%w: %s and %v: upgrade the NVIDIA driver to 570 or later, or install NVIDIA's cuda-checkpoint (on PATH, beside stasis, or named by $%s)", ErrUnavailable, lacks, err, ToolEnv)}
 		return
 	}
 	d.proc = &tool{path: path}
@@ -498,27 +496,18 @@ func ParseUUID(s string) ([16]byte, error) {
 
 // ProcessState returns the checkpoint state of a CUDA process.
 func (d *Driver) ProcessState(pid int) (State, error) {
-	if d.proc == nil {
-		return 0, d.noProc
-	}
 	return d.proc.state(pid)
 }
 
 // Lock blocks further CUDA calls of pid and waits, up to timeout, for the
 // work it already submitted to finish.
 func (d *Driver) Lock(pid int, timeout time.Duration) error {
-	if d.proc == nil {
-		return d.noProc
-	}
 	return d.proc.lock(pid, timeout)
 }
 
 // Checkpoint moves a locked process's GPU memory into its host memory and
 // releases its GPU resources.
 func (d *Driver) Checkpoint(pid int) error {
-	if d.proc == nil {
-		return d.noProc
-	}
 	return d.proc.checkpoint(pid)
 }
 
@@ -528,9 +517,6 @@ type GPUPair struct{ Old, New [16]byte }
 // Restore brings a checkpointed process's GPU state back, onto the GPUs
 // pairs name (none: the same GPUs); the process stays locked.
 func (d *Driver) Restore(pid int, pairs []GPUPair) error {
-	if d.proc == nil {
-		return d.noProc
-	}
 	if len(pairs) > 0 {
 		if err := d.proc.canRemap(); err != nil {
 			return err
@@ -543,27 +529,30 @@ func (d *Driver) Restore(pid int, pairs []GPUPair) error {
 // with pairs); nil when it can. Restores and migrations ask before they
 // change anything.
 func (d *Driver) CanRemap() error {
-	if d.proc == nil {
-		return d.noProc
-	}
 	return d.proc.canRemap()
 }
 
 // Unlock lets a locked process make CUDA calls again.
 func (d *Driver) Unlock(pid int) error {
-	if d.proc == nil {
-		return d.noProc
-	}
 	return d.proc.unlock(pid)
 }
 
 // RestoreThreadID is the thread the driver uses inside pid for restores.
 func (d *Driver) RestoreThreadID(pid int) (int, error) {
-	if d.proc == nil {
-		return 0, d.noProc
-	}
 	return d.proc.restoreThreadID(pid)
 }
+
+// noBackend stands for a backend where there is none: every call fails
+// with why (wrapping ErrUnavailable).
+type noBackend struct{ why error }
+
+func (n noBackend) state(int) (State, error)         { return 0, n.why }
+func (n noBackend) lock(int, time.Duration) error    { return n.why }
+func (n noBackend) checkpoint(int) error             { return n.why }
+func (n noBackend) restore(int, []GPUPair) error     { return n.why }
+func (n noBackend) unlock(int) error                 { return n.why }
+func (n noBackend) restoreThreadID(int) (int, error) { return 0, n.why }
+func (n noBackend) canRemap() error                  { return n.why }
 
 // apiBackend makes the process checkpoint calls through libcuda's API.
 type apiBackend struct{ d *Driver }
