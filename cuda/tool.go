@@ -113,10 +113,11 @@ func (t *tool) run(pid int, args ...string) (string, error) {
 	if err != nil && !errors.As(err, &exitErr) {
 		return "", fmt.Errorf("%w: cannot run %s: %v", ErrUnavailable, t.path, err)
 	}
-	said := oneLine(stderr.String() + "\n" + stdout.String())
-	if err == nil && !failurePattern.MatchString(said) {
+	raw := stderr.String() + "\n" + stdout.String()
+	if err == nil && !failurePattern.MatchString(raw) {
 		return stdout.String(), nil
 	}
+	said := oneLine(raw)
 	e := &ToolError{Args: args, PID: pid, Exit: "exit status 0", Output: said}
 	if exitErr != nil {
 		e.Exit = exitErr.Error()
@@ -135,7 +136,7 @@ func oneLine(s string) string {
 	}
 	out := strings.Join(lines, "; ")
 	if len(out) > 300 {
-		out = out[:297] + "..."
+		out = strings.ToValidUTF8(out[:297], "") + "..."
 	}
 	return out
 }

@@ -178,6 +178,10 @@ func TestToolOutput(t *testing.T) {
 	if err := tl(`echo 'Could not checkpoint on process ID 7: "unknown error"'`).checkpoint(7); !errors.As(err, &te) || te.Exit != "exit status 0" {
 		t.Fatalf("failure with exit status 0: %v", err)
 	}
+	if err := tl(`echo warning >&2; echo 'Could not checkpoint on process ID 7: "unknown error"' >&2`).checkpoint(7); err == nil ||
+		err.Error() != `cuda-checkpoint --action checkpoint --pid 7: warning; Could not checkpoint on process ID 7: "unknown error" (exit status 0)` {
+		t.Fatalf("failure after another line, with exit status 0: %v", err)
+	}
 	if err := tl(`echo "checkpointed"`).checkpoint(7); err != nil {
 		t.Fatalf("success with output: %v", err)
 	}
