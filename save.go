@@ -103,6 +103,26 @@ func (c *Checkpoint) Commit(ctx context.Context) (Record, error) {
 	return *rec, nil
 }
 
+// Prepare readies the snapshot memory for asynchronous saves of buffers
+// like ts (the same sizes; their contents are not read): it is allocated
+// now and, for GPU buffers, pinned in the background, so that even the
+// first CommitAsync copies at the bus's speed. A training loop calls it
+// once, before its first save; without it, the first save pays for
+// allocating the memory. A save in flight is waited for first.
+func (s *Store) Prepare(ts []Tensor) error {
+	for _, t := range ts {
+		if err := tensors.Check(t); err != nil {
+			return err
+		}
+	}
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
+	if s.inflight != nil {
+		s.inflight.Wait()
+	}
+	return s.arena.prepare(ts)
+}
+
 // AsyncOptions configure CommitAsync.
 type AsyncOptions struct {
 	// FailIfBusy makes CommitAsync return ErrSaveInFlight instead of waiting when

@@ -8,13 +8,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"unsafe"
 
 	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/cuda/cudatest"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,19 +25,11 @@ import (
 var fakeDir string // the stand-in's state directory; "" when it could not be built
 
 func TestMain(m *testing.M) {
-	if _, err := exec.LookPath("gcc"); err == nil {
-		dir, _ := os.MkdirTemp("", "stasis-fakecuda-")
-		lib := filepath.Join(dir, "libcuda.so.1")
-		if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", lib, "cuda/testdata/fakecuda/libcuda.c").CombinedOutput(); err == nil {
-			os.Setenv("STASIS_LIBCUDA", lib)
-			os.Setenv("STASIS_FAKE_CUDA_DIR", dir)
-			fakeDir = dir
-		} else {
-			fmt.Fprintf(os.Stderr, "stand-in driver not built: %v\n%s", err, out)
-		}
-		defer os.RemoveAll(dir)
-	}
-	os.Exit(m.Run())
+	var cleanup func()
+	fakeDir, cleanup = cudatest.Use()
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
 }
 
 func openStore(t *testing.T) *Store {
@@ -281,9 +273,9 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-// TestSnapshotMemoryPinnedOnce saves GPU memory three times: the snapshot
-// memory is pinned once (in the background, after the first snapshot) and
-// unpinned once, by Close.
+// TestSnapshotMemoryPinnedOnce prepares the snapshot memory and saves GPU
+// memory three times: it is pinned once (in the background, by Prepare)
+// and unpinned once, by Close.
 func TestSnapshotMemoryPinnedOnce(t *testing.T) {
 	if fakeDir == "" {
 		t.Skip("the stand-in driver could not be built (no gcc)")
@@ -295,6 +287,9 @@ func TestSnapshotMemoryPinnedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	dev := mapped(t, 3<<20)
+	if err := s.Prepare([]Tensor{{Name: "w", DType: "uint8", Shape: []int64{3 << 20}, Device: devicePtr(dev), Bytes: 3 << 20}}); err != nil {
+		t.Fatal(err)
+	}
 	for step := int64(1); step <= 3; step++ {
 		c := s.Begin("pin", step)
 		c.Add(Tensor{Name: "w", DType: "uint8", Shape: []int64{3 << 20}, Device: devicePtr(dev), Bytes: 3 << 20})

@@ -192,6 +192,19 @@ func stasis_close(h C.stasis_store, e *C.stasis_error) C.int {
 	return fail(e, s.Close())
 }
 
+//export stasis_prepare
+func stasis_prepare(h C.stasis_store, p *C.stasis_tensor, n C.size_t, e *C.stasis_error) C.int {
+	s, err := lookup[*stasis.Store](C.uint64_t(h), "store")
+	if err != nil {
+		return fail(e, err)
+	}
+	ts, err := tensorsOf(p, n)
+	if err != nil {
+		return fail(e, err)
+	}
+	return fail(e, s.Prepare(ts))
+}
+
 //export stasis_begin
 func stasis_begin(h C.stasis_store, job *C.char, step C.int64_t, out *C.stasis_checkpoint, e *C.stasis_error) C.int {
 	s, err := lookup[*stasis.Store](C.uint64_t(h), "store")

@@ -93,6 +93,12 @@ int stasis_open(const char *home, const char *compress, stasis_store *out, stasi
 /* Waits for a save in flight, frees the snapshot memory, releases s. */
 int stasis_close(stasis_store s, stasis_error *err);
 
+/* Readies the store's snapshot memory for asynchronous saves of n buffers
+ * of these sizes (their contents are not read): allocated now and, for GPU
+ * buffers, pinned in the background, so that the first asynchronous save
+ * is as quick as the later ones. Waits for a save in flight. */
+int stasis_prepare(stasis_store s, const stasis_tensor *tensors, size_t n, stasis_error *err);
+
 /* Starts a checkpoint of job at step. */
 int stasis_begin(stasis_store s, const char *job, int64_t step, stasis_checkpoint *out, stasis_error *err);
 /* Adds n buffers. */

@@ -58,6 +58,9 @@ int main(int argc, char **argv) {
 		{"step", "int64", 0, NULL, step, 0, sizeof(int64_t)},
 	};
 
+	rc = stasis_prepare(store, ts, 2, &err);
+	CHECK(rc == STASIS_OK, "prepare: %s", err.message);
+
 	/* blocking */
 	stasis_checkpoint ck = 0;
 	rc = stasis_begin(store, "ctest", 1, &ck, &err);

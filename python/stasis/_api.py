@@ -109,6 +109,28 @@ def _synchronize(devices):
             torch.cuda.synchronize(dev)
 
 
+def _items(leaves):
+    items = []
+    for leaf in leaves:
+        host, device = leaf.pointer()
+        items.append((leaf.name, leaf.dtype, leaf.shape, host, device, leaf.nbytes))
+    return items
+
+
+def prepare(state, home=None, compress=None):
+    """Readies the snapshot memory for asynchronous saves of states like
+    this one (the same tensor sizes; the values are not read): allocated
+    now and pinned in the background, so that the first save stalls no
+    longer than the later ones. Call it once before the first save;
+    without it, the first save pays for that memory (seconds for
+    gigabytes)."""
+    _, leaves = _state.flatten(state)
+    s = _lib.store(home, compress)
+    arr, keep = _ctypes_tensors(_items(leaves))
+    _lib.call(_lib.lib().stasis_prepare, s.handle, arr, len(leaves))
+    del keep
+
+
 def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compress=None):
     """Saves state (nested dicts, lists and tuples of torch tensors (CUDA or
     CPU), NumPy arrays, None, bool, int, float and str) as checkpoint `step`
@@ -128,10 +150,7 @@ def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compres
     ck = ctypes.c_uint64()
     _lib.call(lib.stasis_begin, s.handle, job.encode("utf-8"), int(step), ctypes.byref(ck))
     try:
-        items = []
-        for leaf in leaves:
-            host, device = leaf.pointer()
-            items.append((leaf.name, leaf.dtype, leaf.shape, host, device, leaf.nbytes))
+        items = _items(leaves)
         arr, keep = _ctypes_tensors(items)
         if items:
             _lib.call(lib.stasis_add, ck.value, arr, len(items))

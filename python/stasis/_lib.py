@@ -101,6 +101,7 @@ def _declare(lib):
         "stasis_version": ([], ctypes.c_char_p),
         "stasis_open": ([p, p, u64p, err], i32),
         "stasis_close": ([u64, err], i32),
+        "stasis_prepare": ([u64, tens, ctypes.c_size_t, err], i32),
         "stasis_begin": ([u64, p, i64, u64p, err], i32),
         "stasis_add": ([u64, tens, ctypes.c_size_t, err], i32),
         "stasis_set_state": ([u64, p, err], i32),

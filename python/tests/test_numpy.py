@@ -16,6 +16,7 @@ import numpy as np
 import stasis
 
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STASIS_BIN = os.environ.get("STASIS_BIN") or os.path.join(os.path.dirname(PYTHON_DIR), "bin", "stasis")
 
 
 def sample_state(seed):
@@ -86,6 +87,7 @@ class RoundTrip(StoreTest):
 
     def test_async_save_is_a_snapshot(self):
         state = sample_state(2)
+        stasis.prepare(state, home=self.home)
         want = {k: v.copy() for k, v in state["model"].items()}
         h = stasis.save(state, job="snap", step=1, home=self.home)
         for arr in state["model"].values():
@@ -143,6 +145,26 @@ class RoundTrip(StoreTest):
         self.assertEqual(r.returncode, 0, r.stderr)
         loaded = stasis.load(job="exit", home=self.home)
         self.assertTrue(np.array_equal(loaded["w"], np.arange(8 << 20, dtype=np.float32)))
+
+
+class Transfer(StoreTest):
+    def test_exported_checkpoint_loads_on_another_node(self):
+        """A checkpoint saved into one store, exported, imported into a
+        second store (another node's) and loaded from there."""
+        if not os.access(STASIS_BIN, os.X_OK):
+            self.skipTest(f"needs the stasis command at {STASIS_BIN} (make builds it) or $STASIS_BIN")
+        state = sample_state(7)
+        rid = stasis.save(state, job="moved", step=4, home=self.home).id
+        other = os.path.join(self.tmp.name, "node2")
+        export = subprocess.Popen([STASIS_BIN, "export", rid], env=dict(os.environ, STASIS_HOME=self.home),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        imported = subprocess.run([STASIS_BIN, "import", "-"], env=dict(os.environ, STASIS_HOME=other),
+                                  stdin=export.stdout, capture_output=True, text=True)
+        export.stdout.close()
+        self.assertEqual(export.wait(), 0, export.stderr.read())
+        self.assertEqual(imported.returncode, 0, imported.stderr)
+        self.assertEqual(stasis.latest("moved", home=other)["id"], rid)
+        assert_same(self, state, stasis.load(job="moved", home=other))
 
 
 class BadInput(StoreTest):
