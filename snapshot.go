@@ -181,7 +181,7 @@ func (a *snapshotArena) contexts(ts []Tensor) ([]cuda.Context, error) {
 			continue
 		}
 		if a.drv == nil {
-			drv, err := cuda.Load()
+			drv, err := cuda.LoadLibrary()
 			if err != nil {
 				return nil, err
 			}
