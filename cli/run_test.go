@@ -43,6 +43,9 @@ func startRun(t *testing.T, home string, args ...string) *runningStasis {
 			r.cmd.Process.Kill()
 			r.cmd.Wait()
 		}
+		if t.Failed() {
+			t.Logf("stasis run %s: stderr:\n%s", strings.Join(args, " "), r.stderr.String())
+		}
 	})
 	return r
 }
