@@ -23,35 +23,63 @@ type Checkpoint struct {
 	tensors []Tensor
 	names   map[string]bool
 	state   json.RawMessage
+	method  gdswriter.Method // "" for the store's
 	used    bool
 }
+
+// maxState bounds the state description: it lives in the manifest, which
+// readers take up to 256 MiB, indented.
+const maxState = 16 << 20
 
 // Begin starts a checkpoint of job at step.
 func (s *Store) Begin(job string, step int64) *Checkpoint {
 	return &Checkpoint{store: s, job: job, step: step, names: map[string]bool{}}
 }
 
-// Add adds a buffer. Its memory must stay valid until Commit returns, or
-// until CommitAsync returns (the snapshot is taken by then).
-func (c *Checkpoint) Add(t Tensor) error {
-	if c.names[t.Name] {
-		return fmt.Errorf("%w: two tensors are named %s", ErrMismatch, t.Name)
+// Add adds buffers, all of them or, on error, none. Their memory must stay
+// valid until Commit returns, or until CommitAsync returns (the snapshot
+// is taken by then). The caller orders its own GPU work before the copies:
+// they wait for work on the legacy default stream only, so work on other
+// streams must be synchronized first.
+func (c *Checkpoint) Add(ts ...Tensor) error {
+	added := map[string]bool{}
+	for _, t := range ts {
+		if c.names[t.Name] || added[t.Name] {
+			return fmt.Errorf("%w: two tensors are named %s", ErrMismatch, t.Name)
+		}
+		if err := tensors.Check(t); err != nil {
+			return err
+		}
+		added[t.Name] = true
 	}
-	if err := tensors.Check(t); err != nil {
-		return err
+	for _, t := range ts {
+		c.names[t.Name] = true
 	}
-	c.names[t.Name] = true
-	c.tensors = append(c.tensors, t)
+	c.tensors = append(c.tensors, ts...)
 	return nil
 }
 
 // SetState records the caller's description of the state the tensors
-// belong to (any JSON value); Describe returns it.
+// belong to (any JSON value, up to 16 MiB); Describe returns it.
 func (c *Checkpoint) SetState(state json.RawMessage) error {
+	if len(state) > maxState {
+		return fmt.Errorf("%w: the state description is %d bytes, more than %d: keep large data in tensors or arrays, not in lists", catalog.ErrInvalid, len(state), maxState)
+	}
 	if !json.Valid(state) {
 		return fmt.Errorf("%w: the state description is not valid JSON", catalog.ErrInvalid)
 	}
 	c.state = append(json.RawMessage(nil), state...)
+	return nil
+}
+
+// SetCompress chooses the codec method of this checkpoint ("auto", "none",
+// "zstd", "s2") instead of the store's.
+func (c *Checkpoint) SetCompress(method string) error {
+	m, err := gdswriter.ParseMethod(method)
+	if err != nil {
+		return fmt.Errorf("%w: %v", catalog.ErrInvalid, err)
+	}
+	c.method = m
 	return nil
 }
 
@@ -65,17 +93,24 @@ func (c *Checkpoint) Tag(key, value string) {
 
 func (c *Checkpoint) options(meta tensors.Meta) tensors.SaveOptions {
 	meta.State = c.state
+	method := c.method
+	if method == "" {
+		method = c.store.method
+	}
 	return tensors.SaveOptions{
 		Job: c.job, Step: c.step, Tags: maps.Clone(c.tags), Meta: meta,
-		Writer: gdswriter.WriterOptions{Method: c.store.method, Workers: c.store.workers},
+		Writer: gdswriter.WriterOptions{Method: method, Workers: c.store.workers},
 	}
 }
 
-func (c *Checkpoint) take() error {
+// check reports what would keep the checkpoint from being committed.
+func (c *Checkpoint) check() error {
 	if c.used {
 		return fmt.Errorf("%w: this checkpoint was already committed", catalog.ErrInvalid)
 	}
-	c.used = true
+	if c.step < 0 {
+		return fmt.Errorf("%w: step %d: steps are 0 or more", catalog.ErrInvalid, c.step)
+	}
 	if err := catalog.ValidateJob(c.job); err != nil {
 		return err
 	}
@@ -87,12 +122,16 @@ func (c *Checkpoint) take() error {
 // needs it, so the buffers must not change until Commit returns. A save in
 // flight is waited for first.
 func (c *Checkpoint) Commit(ctx context.Context) (Record, error) {
-	if err := c.take(); err != nil {
+	if err := c.check(); err != nil {
 		return Record{}, err
 	}
 	s := c.store
 	s.saveMu.Lock()
 	defer s.saveMu.Unlock()
+	if s.closed {
+		return Record{}, errClosed
+	}
+	c.used = true
 	if s.inflight != nil {
 		s.inflight.Wait()
 	}
@@ -101,6 +140,29 @@ func (c *Checkpoint) Commit(ctx context.Context) (Record, error) {
 		return Record{}, err
 	}
 	return *rec, nil
+}
+
+// Prepare readies the snapshot memory for asynchronous saves of buffers
+// like ts (the same sizes; their contents are not read): it is allocated
+// now and, for GPU buffers, pinned in the background, so that even the
+// first CommitAsync copies at the bus's speed. A training loop calls it
+// once, before its first save; without it, the first save pays for
+// allocating the memory. A save in flight is waited for first.
+func (s *Store) Prepare(ts []Tensor) error {
+	for _, t := range ts {
+		if err := tensors.Check(t); err != nil {
+			return err
+		}
+	}
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	if s.inflight != nil {
+		s.inflight.Wait()
+	}
+	return s.arena.prepare(ts)
 }
 
 // AsyncOptions configure CommitAsync.
@@ -139,15 +201,19 @@ const whySnapshot = "buffers copied into a pinned host snapshot before the save 
 // host memory, kept for later saves) and returns; compression, writing and
 // the commit run in the background. Once it returns the caller may change
 // or free the buffers. A save still in flight is waited for first, unless
-// o.FailIfBusy. An error during the snapshot is returned at once, and
-// nothing is listed. Cancelling ctx aborts the background save.
+// o.FailIfBusy (the checkpoint may then be committed later). An error
+// during the snapshot is returned at once, and nothing is listed.
+// Cancelling ctx aborts the background save.
 func (c *Checkpoint) CommitAsync(ctx context.Context, o AsyncOptions) (*Save, error) {
-	if err := c.take(); err != nil {
+	if err := c.check(); err != nil {
 		return nil, err
 	}
 	s := c.store
 	s.saveMu.Lock()
 	defer s.saveMu.Unlock()
+	if s.closed {
+		return nil, errClosed
+	}
 	start := time.Now()
 	if prev := s.inflight; prev != nil && !prev.Done() {
 		if o.FailIfBusy {
@@ -155,6 +221,7 @@ func (c *Checkpoint) CommitAsync(ctx context.Context, o AsyncOptions) (*Save, er
 		}
 		prev.Wait()
 	}
+	c.used = true
 	waited := time.Now()
 	views, err := s.arena.snapshot(c.tensors)
 	if err != nil {

@@ -20,7 +20,7 @@ type snapshotArena struct {
 	buf     []byte
 	drv     *cuda.Driver
 	pinned  cuda.Context  // the context it was registered in; nil when not pinned
-	pinning chan struct{} // closed when a background registration ends; nil when none began
+	pinning chan struct{} // closed when a background registration (or touch) ends; nil when none began
 }
 
 // pin registers the arena in ctx in the background.
@@ -35,7 +35,24 @@ func (a *snapshotArena) pin(ctx cuda.Context) {
 	}()
 }
 
-// waitPin waits for a background registration to end.
+// touch faults every page of the arena in, in the background (for host
+// buffers, which need no pinning: the first snapshot then does not pay
+// for the faults).
+func (a *snapshotArena) touch() {
+	done := make(chan struct{})
+	a.pinning = done
+	go func() {
+		defer close(done)
+		if unix.Madvise(a.buf, unix.MADV_POPULATE_WRITE) == nil {
+			return
+		}
+		for i := 0; i < len(a.buf); i += 4096 { // kernels before 5.14
+			a.buf[i] = 0
+		}
+	}()
+}
+
+// waitPin waits for a background registration or touch to end.
 func (a *snapshotArena) waitPin() {
 	if a.pinning != nil {
 		<-a.pinning
@@ -53,38 +70,13 @@ const (
 // of the copies, named and shaped as the originals.
 func (a *snapshotArena) snapshot(ts []Tensor) ([]Tensor, error) {
 	a.waitPin()
-	offsets := make([]int64, len(ts))
-	var total int64
-	var firstDevice uintptr
-	for i, t := range ts {
-		offsets[i] = total
-		total += (t.Bytes + snapshotAlign - 1) / snapshotAlign * snapshotAlign
-		if t.Device != 0 && firstDevice == 0 {
-			firstDevice = t.Device
-		}
-	}
+	offsets, total := layout(ts)
 	if err := a.reserve(total); err != nil {
 		return nil, err
 	}
-	contexts := make([]cuda.Context, len(ts))
-	if firstDevice != 0 {
-		if a.drv == nil {
-			drv, err := cuda.Load()
-			if err != nil {
-				return nil, err
-			}
-			a.drv = drv
-		}
-		for i, t := range ts {
-			if t.Device == 0 {
-				continue
-			}
-			ctx, err := a.drv.PointerContext(t.Device)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", t.Name, err)
-			}
-			contexts[i] = ctx
-		}
+	contexts, err := a.contexts(ts)
+	if err != nil {
+		return nil, err
 	}
 	views := make([]Tensor, len(ts))
 	for i, t := range ts {
@@ -148,6 +140,60 @@ func (a *snapshotArena) snapshot(ts []Tensor) ([]Tensor, error) {
 		a.pin(contexts[indexOfDevice(ts)])
 	}
 	return views, nil
+}
+
+// prepare makes the arena ready for a snapshot of ts: allocated and, when
+// ts holds GPU memory, pinned in the background.
+func (a *snapshotArena) prepare(ts []Tensor) error {
+	a.waitPin()
+	_, total := layout(ts)
+	if err := a.reserve(total); err != nil {
+		return err
+	}
+	contexts, err := a.contexts(ts)
+	if err != nil {
+		return err
+	}
+	if i := indexOfDevice(ts); i >= 0 && a.pinned == nil {
+		a.pin(contexts[i])
+	} else if i < 0 && len(a.buf) > 0 {
+		a.touch()
+	}
+	return nil
+}
+
+// layout places each buffer of ts in the arena.
+func layout(ts []Tensor) (offsets []int64, total int64) {
+	offsets = make([]int64, len(ts))
+	for i, t := range ts {
+		offsets[i] = total
+		total += (t.Bytes + snapshotAlign - 1) / snapshotAlign * snapshotAlign
+	}
+	return offsets, total
+}
+
+// contexts returns the driver context of each GPU buffer of ts (nil for
+// host buffers), loading the driver when there is one.
+func (a *snapshotArena) contexts(ts []Tensor) ([]cuda.Context, error) {
+	contexts := make([]cuda.Context, len(ts))
+	for i, t := range ts {
+		if t.Device == 0 {
+			continue
+		}
+		if a.drv == nil {
+			drv, err := cuda.LoadLibrary()
+			if err != nil {
+				return nil, err
+			}
+			a.drv = drv
+		}
+		ctx, err := a.drv.PointerContext(t.Device)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", t.Name, err)
+		}
+		contexts[i] = ctx
+	}
+	return contexts, nil
 }
 
 func indexOfDevice(ts []Tensor) int {

@@ -69,7 +69,11 @@ type Store struct {
 	saveMu   sync.Mutex // held while a save is begun: one snapshot at a time
 	inflight *Save      // the latest asynchronous save
 	arena    snapshotArena
+	closed   bool // under saveMu
 }
+
+// errClosed is returned by the saving calls of a closed Store.
+var errClosed = fmt.Errorf("%w: the store was closed", catalog.ErrInvalid)
 
 // Open opens (creating if needed) the store.
 func Open(o Options) (*Store, error) {
@@ -105,6 +109,10 @@ func (s *Store) Home() string { return s.cat.Root }
 func (s *Store) Close() error {
 	s.saveMu.Lock()
 	defer s.saveMu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	s.closed = true
 	var err error
 	if s.inflight != nil {
 		_, err = s.inflight.Wait()
@@ -119,22 +127,26 @@ func (s *Store) List(job string) ([]Record, error) {
 	return s.cat.List(catalog.Filter{Job: job})
 }
 
-// Find returns job's checkpoint at step, or its latest one when step < 0.
-// Among checkpoints of the same step the newest wins.
+// Find returns job's tensors checkpoint at step, or its latest one when
+// step < 0. Among checkpoints of the same step the newest wins; checkpoints
+// of other kinds (a process checkpoint of the same job) are passed over.
 func (s *Store) Find(job string, step int64) (Record, error) {
-	if step < 0 {
-		return s.cat.Latest(job)
+	if err := catalog.ValidateJob(job); err != nil {
+		return Record{}, err
 	}
 	recs, err := s.cat.List(catalog.Filter{Job: job})
 	if err != nil {
 		return Record{}, err
 	}
 	for i := len(recs) - 1; i >= 0; i-- {
-		if recs[i].Step == step {
+		if recs[i].Kind == catalog.KindTensors && (step < 0 || recs[i].Step == step) {
 			return recs[i], nil
 		}
 	}
-	return Record{}, fmt.Errorf("%w: job %q has no complete checkpoint at step %d", catalog.ErrNotFound, job, step)
+	if step < 0 {
+		return Record{}, fmt.Errorf("%w: job %q has no complete tensors checkpoint", catalog.ErrNotFound, job)
+	}
+	return Record{}, fmt.Errorf("%w: job %q has no complete tensors checkpoint at step %d", catalog.ErrNotFound, job, step)
 }
 
 // Info describes a tensors checkpoint: its record, its tensors (without

@@ -8,13 +8,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"unsafe"
 
 	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/cuda/cudatest"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,19 +25,11 @@ import (
 var fakeDir string // the stand-in's state directory; "" when it could not be built
 
 func TestMain(m *testing.M) {
-	if _, err := exec.LookPath("gcc"); err == nil {
-		dir, _ := os.MkdirTemp("", "stasis-fakecuda-")
-		lib := filepath.Join(dir, "libcuda.so.1")
-		if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", lib, "cuda/testdata/fakecuda/libcuda.c").CombinedOutput(); err == nil {
-			os.Setenv("STASIS_LIBCUDA", lib)
-			os.Setenv("STASIS_FAKE_CUDA_DIR", dir)
-			fakeDir = dir
-		} else {
-			fmt.Fprintf(os.Stderr, "stand-in driver not built: %v\n%s", err, out)
-		}
-		defer os.RemoveAll(dir)
-	}
-	os.Exit(m.Run())
+	var cleanup func()
+	fakeDir, cleanup = cudatest.Use()
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
 }
 
 func openStore(t *testing.T) *Store {
@@ -214,6 +206,9 @@ func TestSecondSaveWaits(t *testing.T) {
 		if !errors.Is(err, ErrSaveInFlight) {
 			t.Fatalf("FailIfBusy: %v", err)
 		}
+		if err := refused.check(); err != nil {
+			t.Fatalf("a checkpoint refused as busy can no longer be committed: %v", err)
+		}
 	} else {
 		t.Log("the first save finished before the second began: FailIfBusy not exercised")
 	}
@@ -281,9 +276,9 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-// TestSnapshotMemoryPinnedOnce saves GPU memory three times: the snapshot
-// memory is pinned once (in the background, after the first snapshot) and
-// unpinned once, by Close.
+// TestSnapshotMemoryPinnedOnce prepares the snapshot memory and saves GPU
+// memory three times: it is pinned once (in the background, by Prepare)
+// and unpinned once, by Close.
 func TestSnapshotMemoryPinnedOnce(t *testing.T) {
 	if fakeDir == "" {
 		t.Skip("the stand-in driver could not be built (no gcc)")
@@ -295,6 +290,9 @@ func TestSnapshotMemoryPinnedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	dev := mapped(t, 3<<20)
+	if err := s.Prepare([]Tensor{{Name: "w", DType: "uint8", Shape: []int64{3 << 20}, Device: devicePtr(dev), Bytes: 3 << 20}}); err != nil {
+		t.Fatal(err)
+	}
 	for step := int64(1); step <= 3; step++ {
 		c := s.Begin("pin", step)
 		c.Add(Tensor{Name: "w", DType: "uint8", Shape: []int64{3 << 20}, Device: devicePtr(dev), Bytes: 3 << 20})
@@ -316,5 +314,78 @@ func TestSnapshotMemoryPinnedOnce(t *testing.T) {
 	}
 	if count["register"] != 1 || count["unregister"] != 1 {
 		t.Fatalf("pinned %d times, unpinned %d times:\n%s", count["register"], count["unregister"], calls)
+	}
+}
+
+// TestRefusedBeforeAnythingIsWritten: calls that cannot give a readable
+// checkpoint are refused with ErrInvalid, and nothing is listed.
+func TestRefusedBeforeAnythingIsWritten(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	if _, err := s.Begin("neg", -1).Commit(ctx); !errors.Is(err, catalog.ErrInvalid) {
+		t.Fatalf("a negative step: %v", err)
+	}
+	if _, err := s.Find("", -1); !errors.Is(err, catalog.ErrInvalid) {
+		t.Fatalf("Find with no job: %v", err)
+	}
+	big := s.Begin("big", 1)
+	if err := big.SetState(append(append([]byte("["), bytes.Repeat([]byte("1,"), maxState/2)...), '1', ']')); !errors.Is(err, catalog.ErrInvalid) {
+		t.Fatalf("a state description over the limit: %v", err)
+	}
+	if err := big.SetCompress("lz77"); !errors.Is(err, catalog.ErrInvalid) {
+		t.Fatalf("an unknown codec: %v", err)
+	}
+	if list, _ := s.List(""); len(list) != 0 {
+		t.Fatalf("listed %+v", list)
+	}
+}
+
+// TestFindPassesOverOtherKinds: the latest checkpoint of a job may be a
+// process checkpoint (stasis run's fallback); Find returns the latest
+// tensors one.
+func TestFindPassesOverOtherKinds(t *testing.T) {
+	s := openStore(t)
+	c := s.Begin("mixed", 1)
+	c.Add(hostTensor("w", []byte{1, 2, 3}))
+	rec, err := c.Commit(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat, err := catalog.Open(s.Home(), catalog.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := cat.Begin(catalog.KindProcess, "mixed", 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Find("mixed", -1); err != nil || got.ID != rec.ID {
+		t.Fatalf("Find returned %+v, %v; want the tensors checkpoint %s", got, err, rec.ID)
+	}
+}
+
+// TestClosedStoreCommitsNothing: a checkpoint begun before Close is refused
+// afterwards, and the snapshot memory is not allocated again.
+func TestClosedStoreCommitsNothing(t *testing.T) {
+	s, err := Open(Options{Home: filepath.Join(t.TempDir(), "store")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := s.Begin("closed", 1)
+	c.Add(hostTensor("w", []byte{1}))
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CommitAsync(context.Background(), AsyncOptions{}); !errors.Is(err, catalog.ErrInvalid) {
+		t.Fatalf("commit after Close: %v", err)
+	}
+	if s.arena.buf != nil {
+		t.Fatal("snapshot memory allocated after Close")
+	}
+	if err := s.Close(); !errors.Is(err, catalog.ErrInvalid) {
+		t.Fatalf("Close twice: %v", err)
 	}
 }

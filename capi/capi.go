@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,6 +69,24 @@ func lookup[T any](h C.uint64_t, what string) (T, error) {
 	t, ok := v.(T)
 	if !ok {
 		return zero, fmt.Errorf("%w: handle %d is not a %s", catalog.ErrInvalid, uint64(h), what)
+	}
+	return t, nil
+}
+
+// take removes a handle of type T and returns what it held: of two calls
+// releasing the same handle, one gets it.
+func take[T any](h C.uint64_t, what string) (T, error) {
+	var zero T
+	v, ok := handles.Load(uint64(h))
+	if !ok {
+		return zero, fmt.Errorf("%w: %s handle %d is not open", catalog.ErrInvalid, what, uint64(h))
+	}
+	t, ok := v.(T)
+	if !ok {
+		return zero, fmt.Errorf("%w: handle %d is not a %s", catalog.ErrInvalid, uint64(h), what)
+	}
+	if !handles.CompareAndDelete(uint64(h), v) {
+		return zero, fmt.Errorf("%w: %s handle %d is not open", catalog.ErrInvalid, what, uint64(h))
 	}
 	return t, nil
 }
@@ -134,6 +153,13 @@ func goString(s *C.char) string {
 	return C.GoString(s)
 }
 
+// Bounds on what a caller may pass, checked before any slice is made of
+// its memory.
+const (
+	maxTensors = 1 << 28
+	maxDims    = 64
+)
+
 // tensorsOf converts n C tensors into Go tensors; their memory stays C's.
 func tensorsOf(p *C.stasis_tensor, n C.size_t) ([]stasis.Tensor, error) {
 	if n == 0 {
@@ -142,12 +168,18 @@ func tensorsOf(p *C.stasis_tensor, n C.size_t) ([]stasis.Tensor, error) {
 	if p == nil {
 		return nil, fmt.Errorf("%w: %d tensors at a NULL pointer", catalog.ErrInvalid, uint64(n))
 	}
+	if uint64(n) > maxTensors {
+		return nil, fmt.Errorf("%w: %d tensors, more than %d", catalog.ErrInvalid, uint64(n), maxTensors)
+	}
 	cs := unsafe.Slice(p, int(n))
 	out := make([]stasis.Tensor, len(cs))
 	for i, c := range cs {
 		t := stasis.Tensor{Name: goString(c.name), DType: stasis.DType(goString(c.dtype)), Device: uintptr(c.device), Bytes: int64(c.nbytes)}
-		if c.ndim < 0 || (c.ndim > 0 && c.shape == nil) {
-			return nil, fmt.Errorf("%w: tensor %q: ndim %d with shape %p", catalog.ErrInvalid, t.Name, int(c.ndim), c.shape)
+		if c.ndim < 0 || c.ndim > maxDims || (c.ndim > 0 && c.shape == nil) {
+			return nil, fmt.Errorf("%w: tensor %q: ndim %d with shape %p (0 to %d dimensions)", catalog.ErrInvalid, t.Name, int(c.ndim), c.shape, maxDims)
+		}
+		if uint64(c.nbytes) > math.MaxInt64 {
+			return nil, fmt.Errorf("%w: tensor %q: nbytes %d is out of range", catalog.ErrInvalid, t.Name, uint64(c.nbytes))
 		}
 		t.Shape = make([]int64, int(c.ndim))
 		for d, v := range unsafe.Slice(c.shape, int(c.ndim)) {
@@ -184,12 +216,24 @@ func stasis_open(home, compress *C.char, out *C.stasis_store, e *C.stasis_error)
 
 //export stasis_close
 func stasis_close(h C.stasis_store, e *C.stasis_error) C.int {
+	s, err := take[*stasis.Store](C.uint64_t(h), "store")
+	if err != nil {
+		return fail(e, err)
+	}
+	return fail(e, s.Close())
+}
+
+//export stasis_prepare
+func stasis_prepare(h C.stasis_store, p *C.stasis_tensor, n C.size_t, e *C.stasis_error) C.int {
 	s, err := lookup[*stasis.Store](C.uint64_t(h), "store")
 	if err != nil {
 		return fail(e, err)
 	}
-	handles.Delete(uint64(h))
-	return fail(e, s.Close())
+	ts, err := tensorsOf(p, n)
+	if err != nil {
+		return fail(e, err)
+	}
+	return fail(e, s.Prepare(ts))
 }
 
 //export stasis_begin
@@ -218,12 +262,16 @@ func stasis_add(h C.stasis_checkpoint, p *C.stasis_tensor, n C.size_t, e *C.stas
 	if err != nil {
 		return fail(e, err)
 	}
-	for _, t := range ts {
-		if err := c.Add(t); err != nil {
-			return fail(e, err)
-		}
+	return fail(e, c.Add(ts...))
+}
+
+//export stasis_set_compress
+func stasis_set_compress(h C.stasis_checkpoint, method *C.char, e *C.stasis_error) C.int {
+	c, err := lookup[*stasis.Checkpoint](C.uint64_t(h), "checkpoint")
+	if err != nil {
+		return fail(e, err)
 	}
-	return fail(e, nil)
+	return fail(e, c.SetCompress(goString(method)))
 }
 
 //export stasis_set_state
@@ -237,11 +285,10 @@ func stasis_set_state(h C.stasis_checkpoint, state *C.char, e *C.stasis_error) C
 
 //export stasis_commit
 func stasis_commit(h C.stasis_checkpoint, flags C.int, save *C.stasis_save, record **C.char, e *C.stasis_error) C.int {
-	c, err := lookup[*stasis.Checkpoint](C.uint64_t(h), "checkpoint")
+	c, err := take[*stasis.Checkpoint](C.uint64_t(h), "checkpoint")
 	if err != nil {
 		return fail(e, err)
 	}
-	handles.Delete(uint64(h))
 	if flags&C.STASIS_ASYNC == 0 {
 		rec, err := c.Commit(context.Background())
 		if err == nil {
@@ -262,9 +309,7 @@ func stasis_commit(h C.stasis_checkpoint, flags C.int, save *C.stasis_save, reco
 
 //export stasis_discard
 func stasis_discard(h C.stasis_checkpoint) {
-	if _, err := lookup[*stasis.Checkpoint](C.uint64_t(h), "checkpoint"); err == nil {
-		handles.Delete(uint64(h))
-	}
+	take[*stasis.Checkpoint](C.uint64_t(h), "checkpoint")
 }
 
 //export stasis_save_wait
@@ -309,9 +354,7 @@ func stasis_save_times(h C.stasis_save, waited, snapshot *C.double, e *C.stasis_
 
 //export stasis_save_release
 func stasis_save_release(h C.stasis_save) {
-	if _, err := lookup[*stasis.Save](C.uint64_t(h), "save"); err == nil {
-		handles.Delete(uint64(h))
-	}
+	take[*stasis.Save](C.uint64_t(h), "save")
 }
 
 //export stasis_find

@@ -90,13 +90,25 @@ const char *stasis_version(void);
 /* Opens the store at home (NULL or "": $STASIS_HOME, else the default)
  * with a codec method ("auto", "none", "zstd", "s2"; NULL or "": auto). */
 int stasis_open(const char *home, const char *compress, stasis_store *out, stasis_error *err);
-/* Waits for a save in flight, frees the snapshot memory, releases s. */
+/* Waits for a save in flight, frees the snapshot memory, releases s.
+ * Checkpoints begun on s can no longer be committed (STASIS_EINVAL). */
 int stasis_close(stasis_store s, stasis_error *err);
 
-/* Starts a checkpoint of job at step. */
+/* Readies the store's snapshot memory for asynchronous saves of n buffers
+ * of these sizes (their contents are not read): allocated now and, for GPU
+ * buffers, pinned in the background, so that the first asynchronous save
+ * is as quick as the later ones. Waits for a save in flight. */
+int stasis_prepare(stasis_store s, const stasis_tensor *tensors, size_t n, stasis_error *err);
+
+/* Starts a checkpoint of job at step (0 or more). */
 int stasis_begin(stasis_store s, const char *job, int64_t step, stasis_checkpoint *out, stasis_error *err);
-/* Adds n buffers. */
+/* Adds n buffers: all of them, or on error none. The copies out of GPU
+ * memory wait for work on the legacy default stream only: synchronize
+ * work on other streams that writes the buffers first. */
 int stasis_add(stasis_checkpoint c, const stasis_tensor *tensors, size_t n, stasis_error *err);
+/* Chooses the codec method of c ("auto", "none", "zstd", "s2") instead
+ * of the store's. */
+int stasis_set_compress(stasis_checkpoint c, const char *method, stasis_error *err);
 /* Records a JSON value describing the state (returned by stasis_describe). */
 int stasis_set_state(stasis_checkpoint c, const char *json, stasis_error *err);
 /* Commits c, which is released whatever the outcome. Blocking (flags 0):
@@ -118,7 +130,8 @@ int stasis_save_times(stasis_save v, double *waited_s, double *snapshot_s, stasi
 /* Releases v (a save in flight goes on). */
 void stasis_save_release(stasis_save v);
 
-/* The record of job's checkpoint at step (step < 0: the latest). */
+/* The record of job's tensors checkpoint at step (step < 0: the latest);
+ * job must be named. */
 int stasis_find(stasis_store s, const char *job, int64_t step, char **record_json, stasis_error *err);
 /* The records of job's checkpoints ("" or NULL: every job) as a JSON array. */
 int stasis_list(stasis_store s, const char *job, char **records_json, stasis_error *err);

@@ -242,7 +242,12 @@ func (m *Manifest) Marshal() ([]byte, error) {
 	body = append(body, '\n')
 	sum := sha256.Sum256(body)
 	out := fmt.Appendf(nil, "%s %d sha256=%s\n", manifestMagic, FormatVersion, hex.EncodeToString(sum[:]))
-	return append(out, body...), nil
+	out = append(out, body...)
+	if len(out) > maxManifestSize {
+		// Refused here, so that no checkpoint is listed that no reader takes.
+		return nil, fmt.Errorf("%w: the manifest would be %d bytes, more than the %d a reader accepts", ErrInvalid, len(out), maxManifestSize)
+	}
+	return out, nil
 }
 
 // ParseManifest decodes and validates a manifest file. Every failure wraps

@@ -347,3 +347,16 @@ func TestValidEntryPath(t *testing.T) {
 		}
 	}
 }
+
+// TestManifestTooLargeToRead: a manifest no reader would take (over 256
+// MiB) is refused when it is written, so no checkpoint is listed that
+// cannot be opened.
+func TestManifestTooLargeToRead(t *testing.T) {
+	m := &Manifest{Format: FormatVersion, ID: "12345678-1234-4234-8234-123456789abc", Kind: KindTensors,
+		Job: "j", Created: time.Unix(0, 0).UTC(), Host: "h"}
+	element := `"` + strings.Repeat("x", 1000) + `",`
+	m.Meta = json.RawMessage(`{"state":[` + strings.Repeat(element, maxManifestSize/1000) + `0]}`)
+	if _, err := m.Marshal(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "a reader accepts") {
+		t.Fatalf("Marshal of a manifest too large to read: %v", err)
+	}
+}

@@ -151,7 +151,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			return nil, fmt.Errorf("PID %d uses CUDA: %w", pids[0], err)
 		}
 		gpu = &gpuSession{drv: drv, pids: pids}
-		gpuMeta = &GPUMeta{PIDs: pids}
+		gpuMeta = &GPUMeta{PIDs: pids, Backend: drv.Backend().Kind}
 		if gpuMeta.DriverVersion, err = drv.DriverVersion(); err != nil {
 			return nil, err
 		}

@@ -22,6 +22,9 @@ type GPUMeta struct {
 	PIDs          []int         `json:"pids"`           // the processes that use CUDA
 	DriverVersion int           `json:"driver_version"` // CUDA version the driver supports, e.g. 13000
 	Devices       []cuda.Device `json:"devices"`
+	// Backend made the CUDA calls: "api" (libcuda's) or
+	// "cuda-checkpoint" (cuda.Backend); absent in older checkpoints.
+	Backend string `json:"backend,omitempty"`
 }
 
 // gpuSession is the CUDA side of one checkpoint: which processes it

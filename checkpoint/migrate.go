@@ -96,6 +96,9 @@ func Migrate(o MigrateOptions) (*MigrateResult, error) {
 		res.Total = time.Since(start)
 		return res, nil
 	}
+	if err := drv.CanRemap(); err != nil {
+		return nil, err
+	}
 
 	// If stasis dies from here on, the watchdog restores the job onto
 	// its old GPUs and unlocks it.

@@ -113,7 +113,8 @@ func (e *env) migrateCommand() *ucli.Command {
 	}
 }
 
-// cudaCommand exposes the driver's checkpoint API step by step, as NVIDIA's
+// cudaCommand exposes the driver's checkpoint steps one by one (through
+// the backend stasis uses: libcuda's API or cuda-checkpoint), as NVIDIA's
 // cuda-checkpoint tool does: for operators, and for measuring the by-hand
 // sequence stasis is compared with.
 func (e *env) cudaCommand() *ucli.Command {

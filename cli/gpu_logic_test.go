@@ -114,13 +114,54 @@ func (f *fakeDriver) set(t *testing.T, name, content string) {
 	}
 }
 
+// gpuBackend is one way stasis makes the CUDA calls: libcuda's checkpoint
+// API, or cuda-checkpoint where libcuda lacks it (gpu_tool_test.go). The
+// tests below run through each.
+type gpuBackend struct {
+	name string // as the manifest records it
+	tool bool
+	// How the backend says that the lock timed out, and that the CUDA
+	// checkpoint failed.
+	lockTimedOut, checkpointFailed string
+}
+
+var gpuBackends = []gpuBackend{
+	{"api", false, `cuCheckpointProcessLock\(pid \d+\): CUDA_ERROR_NOT_READY`, `cuCheckpointProcessCheckpoint\(pid \d+\): CUDA_ERROR_UNKNOWN`},
+	{"cuda-checkpoint", true,
+		`cuda-checkpoint --action lock --pid \d+ --timeout 200: Could not lock on process ID \d+: "device not ready" \(exit status 1\)`,
+		`cuda-checkpoint --action checkpoint --pid \d+: Could not checkpoint on process ID \d+: "unknown error" \(exit status 1\)`},
+}
+
+// eachBackend runs test as a subtest per backend, on the stand-in driver
+// set up for it.
+func eachBackend(t *testing.T, test func(t *testing.T, b gpuBackend, f *fakeDriver)) {
+	for _, b := range gpuBackends {
+		t.Run(b.name, func(t *testing.T) { test(t, b, b.driver(t)) })
+	}
+}
+
+func (b gpuBackend) driver(t *testing.T) *fakeDriver {
+	t.Helper()
+	if b.tool {
+		f, _ := newToolDriver(t)
+		return f
+	}
+	return newFakeDriver(t)
+}
+
 func TestGPUCheckpointLeaveRunning(t *testing.T) {
-	f := newFakeDriver(t)
+	eachBackend(t, testGPUCheckpointLeaveRunning)
+}
+
+func testGPUCheckpointLeaveRunning(t *testing.T, b gpuBackend, f *fakeDriver) {
 	home, tmp := t.TempDir(), t.TempDir()
 	out := filepath.Join(tmp, "count")
 	pid := f.start(t, out)
 	id := checkpointPID(t, home, pid, "--leave-running")
 	f.wantCalls(t, pid, "lock P 0", "checkpoint P 0", "restore P 0", "unlock P 0")
+	if b.tool {
+		f.wantToolRuns(t, pid, "--get-state --pid P", "--action lock --pid P --timeout 10000", "--action checkpoint --pid P", "--action restore --pid P", "--action unlock --pid P")
+	}
 	if s := f.state(t, pid); s != "0" {
 		t.Fatalf("GPU state %s after --leave-running, want running (0)", s)
 	}
@@ -134,6 +175,7 @@ func TestGPUCheckpointLeaveRunning(t *testing.T) {
 					Name string `json:"name"`
 					UUID string `json:"uuid"`
 				} `json:"devices"`
+				Backend string `json:"backend"`
 			} `json:"gpu"`
 		} `json:"meta"`
 	}
@@ -142,18 +184,24 @@ func TestGPUCheckpointLeaveRunning(t *testing.T) {
 	}
 	g := show.Meta.GPU
 	if len(g.PIDs) != 1 || g.PIDs[0] != pid || g.DriverVersion != 13000 || len(g.Devices) != 1 ||
-		g.Devices[0].Name != "Fake GPU" || g.Devices[0].UUID != "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f" {
+		g.Devices[0].Name != "Fake GPU" || g.Devices[0].UUID != "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f" || g.Backend != b.name {
 		t.Fatalf("the manifest's GPU record: %+v", g)
 	}
 }
 
 func TestGPUCheckpointThenRestore(t *testing.T) {
-	f := newFakeDriver(t)
+	eachBackend(t, testGPUCheckpointThenRestore)
+}
+
+func testGPUCheckpointThenRestore(t *testing.T, b gpuBackend, f *fakeDriver) {
 	home, tmp := t.TempDir(), t.TempDir()
 	out := filepath.Join(tmp, "count")
 	pid := f.start(t, out)
 	id := checkpointPID(t, home, pid)
 	f.wantCalls(t, pid, "lock P 0", "checkpoint P 0")
+	if b.tool {
+		f.wantToolRuns(t, pid, "--get-state --pid P", "--action lock --pid P --timeout 10000", "--action checkpoint --pid P")
+	}
 	waitGone(t, pid)
 	atDump := len(counts(t, out))
 
@@ -174,17 +222,23 @@ func TestGPUCheckpointThenRestore(t *testing.T) {
 		t.Fatalf("restored as %d, was %d", restored, pid)
 	}
 	f.wantCalls(t, pid, "restore P 0", "unlock P 0")
+	if b.tool {
+		f.wantToolRuns(t, pid, "--action restore --pid P", "--action unlock --pid P")
+	}
 	consecutive(t, waitCounting(t, out, atDump+5))
 }
 
 func TestGPULockTimeoutRollsBack(t *testing.T) {
-	f := newFakeDriver(t)
+	eachBackend(t, testGPULockTimeoutRollsBack)
+}
+
+func testGPULockTimeoutRollsBack(t *testing.T, b gpuBackend, f *fakeDriver) {
 	home, tmp := t.TempDir(), t.TempDir()
 	out := filepath.Join(tmp, "count")
 	pid := f.start(t, out)
 	f.set(t, "fail-lock", "")
 	expectCode(t, run(t, home, "checkpoint", "--pid", strconv.Itoa(pid), "--gpu-lock-timeout", "200ms"),
-		cli.ExitGPUTimeout, `rolled back; the job runs on: GPU work of PID \d+ did not finish within the lock timeout of 200ms`)
+		cli.ExitGPUTimeout, `rolled back; the job runs on: GPU work of PID \d+ did not finish within the lock timeout of 200ms \(raise --gpu-lock-timeout\): `+b.lockTimedOut+`\n$`)
 	f.wantCalls(t, pid, "lock P 600")
 	if s := f.state(t, pid); s != "0" || !alive(pid) {
 		t.Fatalf("after a lock timeout: GPU state %s, alive %v", s, alive(pid))
@@ -196,14 +250,20 @@ func TestGPULockTimeoutRollsBack(t *testing.T) {
 }
 
 func TestGPUCheckpointFailureRollsBack(t *testing.T) {
-	f := newFakeDriver(t)
+	eachBackend(t, testGPUCheckpointFailureRollsBack)
+}
+
+func testGPUCheckpointFailureRollsBack(t *testing.T, b gpuBackend, f *fakeDriver) {
 	home, tmp := t.TempDir(), t.TempDir()
 	out := filepath.Join(tmp, "count")
 	pid := f.start(t, out)
 	f.set(t, "fail-checkpoint", "")
-	expectCode(t, run(t, home, "checkpoint", "--pid", strconv.Itoa(pid)), cli.ExitError, `rolled back; the job runs on: cuCheckpointProcessCheckpoint\(pid \d+\): CUDA_ERROR_UNKNOWN`)
+	expectCode(t, run(t, home, "checkpoint", "--pid", strconv.Itoa(pid)), cli.ExitError, `rolled back; the job runs on: `+b.checkpointFailed+`\n$`)
 	// Locked but never checkpointed: unlocked, not restored.
 	f.wantCalls(t, pid, "lock P 0", "checkpoint P 999", "unlock P 0")
+	if b.tool {
+		f.wantToolRuns(t, pid, "--get-state --pid P", "--action lock --pid P --timeout 10000", "--action checkpoint --pid P", "--action unlock --pid P")
+	}
 	if s := f.state(t, pid); s != "0" {
 		t.Fatalf("GPU state %s after the rollback", s)
 	}
@@ -213,7 +273,10 @@ func TestGPUCheckpointFailureRollsBack(t *testing.T) {
 // TestGPUDumpFailureRollsBack makes CRIU fail after the CUDA checkpoint:
 // CUDA restore and unlock follow, and the job runs on.
 func TestGPUDumpFailureRollsBack(t *testing.T) {
-	f := newFakeDriver(t)
+	eachBackend(t, testGPUDumpFailureRollsBack)
+}
+
+func testGPUDumpFailureRollsBack(t *testing.T, _ gpuBackend, f *fakeDriver) {
 	home, tmp := t.TempDir(), t.TempDir()
 	out := filepath.Join(tmp, "count")
 	pid := f.start(t, out)
@@ -234,7 +297,10 @@ func TestGPUDumpFailureRollsBack(t *testing.T) {
 }
 
 func TestGPURecover(t *testing.T) {
-	f := newFakeDriver(t)
+	eachBackend(t, testGPURecover)
+}
+
+func testGPURecover(t *testing.T, _ gpuBackend, f *fakeDriver) {
 	home, tmp := t.TempDir(), t.TempDir()
 	locked := f.start(t, filepath.Join(tmp, "a"))
 	checkpointed := f.start(t, filepath.Join(tmp, "b"))
@@ -275,18 +341,21 @@ func TestGPUUnavailable(t *testing.T) {
 
 // TestGPUWatchdog kills stasis with SIGKILL while the job is locked on the
 // GPU side (during a slow CUDA checkpoint), in a checkpoint and in a
-// migration: stasis's watchdog notices, and the job is restored onto its
-// old GPU, unlocked, and runs on without anyone calling recover.
+// migration, through the API and through cuda-checkpoint (which runs on
+// after stasis dies): stasis's watchdog notices, and the job is restored
+// onto its old GPU, unlocked, and runs on without anyone calling recover.
 func TestGPUWatchdog(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		args []string
+		b    gpuBackend
 	}{
-		{"checkpoint", []string{"checkpoint"}},
-		{"migrate", []string{"migrate", "--to-gpu", "1"}},
+		{"checkpoint", []string{"checkpoint"}, gpuBackends[0]},
+		{"migrate", []string{"migrate", "--to-gpu", "1"}, gpuBackends[0]},
+		{"checkpoint through cuda-checkpoint", []string{"checkpoint"}, gpuBackends[1]},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			f := newFakeDriver(t)
+			f := c.b.driver(t)
 			home, tmp := t.TempDir(), t.TempDir()
 			out := filepath.Join(tmp, "count")
 			pid := f.start(t, out)
@@ -321,6 +390,11 @@ func TestGPUWatchdog(t *testing.T) {
 			}
 			if gpu := f.gpu(t, pid); gpu != "0" {
 				t.Fatalf("the job is on GPU %s after the rescue, want its old GPU 0", gpu)
+			}
+			if c.b.tool {
+				// The watchdog waited for the cuda-checkpoint that
+				// stasis left running.
+				f.wantCalls(t, pid, "lock P 0", "checkpoint P 0", "restore P 0", "unlock P 0")
 			}
 		})
 	}

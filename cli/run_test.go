@@ -50,6 +50,9 @@ func startCommand(t *testing.T, home string, cmd *exec.Cmd) *runningStasis {
 			r.cmd.Process.Kill()
 			r.cmd.Wait()
 		}
+		if t.Failed() {
+			t.Logf("%s: stderr:\n%s", strings.Join(r.cmd.Args, " "), r.stderr.String())
+		}
 	})
 	return r
 }

@@ -10,14 +10,19 @@ import (
 	"testing"
 )
 
-// buildLib compiles C source into a shared library named libcuda.so.1.
-func buildLib(t *testing.T, src string) string {
+// buildLib compiles C source into a shared library named libcuda.so.1,
+// with the extra gcc flag when one is given.
+func buildLib(t *testing.T, src, flag string) string {
 	t.Helper()
 	if _, err := exec.LookPath("gcc"); err != nil {
 		t.Skip("gcc is needed to build a stand-in driver")
 	}
 	lib := filepath.Join(t.TempDir(), "libcuda.so.1")
-	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
+	args := []string{"-shared", "-fPIC", "-o", lib, src}
+	if flag != "" {
+		args = append(args, flag)
+	}
+	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	return lib
@@ -48,22 +53,58 @@ func TestLoadUnavailable(t *testing.T) {
 	if _, err := load(filepath.Join(t.TempDir(), "libcuda.so.1")); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("missing library: %v", err)
 	}
-	// A library without the checkpoint API, like drivers before 570.
-	src := filepath.Join(t.TempDir(), "old.c")
-	os.WriteFile(src, []byte("int cuInit(unsigned f) { return 0; }\nint cuDriverGetVersion(int *v) { *v = 12020; return 0; }\n"), 0o600)
-	_, err := load(buildLib(t, src))
-	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "cuCheckpointProcessLock") || !strings.Contains(err.Error(), "570") {
-		t.Fatalf("library without the API: %v", err)
+	src := filepath.Join(t.TempDir(), "not-a-driver.c")
+	os.WriteFile(src, []byte("int cuInit(unsigned f) { return 0; }\n"), 0o600)
+	if _, err := load(buildLib(t, src, "")); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "lacks cuDeviceGet, cuDeviceGetCount") {
+		t.Fatalf("library without the device calls: %v", err)
 	}
+	// A library without the checkpoint API, like drivers before 570, and
+	// no cuda-checkpoint: the library loads (for the memory calls), the
+	// process calls fail naming both ways out.
+	src = filepath.Join(t.TempDir(), "old.c")
+	os.WriteFile(src, []byte("int cuInit(unsigned f) { return 0; }\nint cuDriverGetVersion(int *v) { *v = 12020; return 0; }\n"+
+		"int cuDeviceGetCount(int *n) { *n = 0; return 0; }\nint cuDeviceGet(int *d, int o) { return 1; }\n"+
+		"int cuDeviceGetName(char *s, int n, int d) { return 1; }\nint cuDeviceGetUuid(void *u, int d) { return 1; }\n"), 0o600)
+	lib := buildLib(t, src, "")
+	noTool(t)
+	d, err := load(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := d.Backend(); b.Kind != "" {
+		t.Fatalf("backend %+v without the API or cuda-checkpoint", b)
+	}
+	err = d.Lock(1, 0)
+	if !errors.Is(err, ErrUnavailable) || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("lock without a backend: %v", err)
+	}
+	for _, want := range []string{"lacks the checkpoint API", "no cuda-checkpoint was found", "upgrade the NVIDIA driver to 570 or later", "install NVIDIA's cuda-checkpoint", "$STASIS_CUDA_CHECKPOINT"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
+	}
+	if _, err := d.ProcessState(1); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("state without a backend: %v", err)
+	}
+}
+
+// noTool makes sure no cuda-checkpoint is found.
+func noTool(t *testing.T) {
+	t.Helper()
+	t.Setenv(ToolEnv, "")
+	t.Setenv("PATH", t.TempDir())
 }
 
 // TestStandInDriver drives the binding through the stand-in driver the
 // GPU-less tests use: states move as the API documents, errors carry
 // their names, and a lock failure is recognised as a timeout.
 func TestStandInDriver(t *testing.T) {
-	d, err := load(buildLib(t, "testdata/fakecuda/libcuda.c"))
+	d, err := load(buildLib(t, "testdata/fakecuda/libcuda.c", ""))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if b := d.Backend(); b.Kind != BackendAPI {
+		t.Fatalf("backend %+v for a library with the API", b)
 	}
 	dir := t.TempDir()
 	t.Setenv("STASIS_FAKE_CUDA_DIR", dir)
@@ -76,23 +117,12 @@ func TestStandInDriver(t *testing.T) {
 	}
 	const pid = 4242
 	gpu0, _ := ParseUUID(devs[0].UUID)
-	steps := []struct {
-		do   func() error
-		want State
-	}{
+	walk(t, d, pid, []step{
 		{func() error { return d.Lock(pid, 0) }, Locked},
 		{func() error { return d.Checkpoint(pid) }, Checkpointed},
 		{func() error { return d.Restore(pid, []GPUPair{{Old: gpu0, New: gpu0}}) }, Locked},
 		{func() error { return d.Unlock(pid) }, Running},
-	}
-	for i, s := range steps {
-		if err := s.do(); err != nil {
-			t.Fatalf("step %d: %v", i, err)
-		}
-		if st, err := d.ProcessState(pid); err != nil || st != s.want {
-			t.Fatalf("step %d: state %v, %v; want %v", i, st, err, s.want)
-		}
-	}
+	})
 	err = d.Unlock(pid) // not locked
 	var ce *Error
 	if !errors.As(err, &ce) || ce.Name != "CUDA_ERROR_ILLEGAL_STATE" || ce.PID != pid || TimedOut(err) {
@@ -107,10 +137,29 @@ func TestStandInDriver(t *testing.T) {
 	}
 }
 
+// step is one process call and the state it leaves the process in.
+type step struct {
+	do   func() error
+	want State
+}
+
+// walk makes the calls of steps in order, checking the state after each.
+func walk(t *testing.T, d *Driver, pid int, steps []step) {
+	t.Helper()
+	for i, s := range steps {
+		if err := s.do(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if st, err := d.ProcessState(pid); err != nil || st != s.want {
+			t.Fatalf("step %d: state %v, %v; want %v", i, st, err, s.want)
+		}
+	}
+}
+
 // TestNVML asks the stand-in, which also stands in for NVML, which GPUs
 // processes use.
 func TestNVML(t *testing.T) {
-	lib := buildLib(t, "testdata/fakecuda/libcuda.c")
+	lib := buildLib(t, "testdata/fakecuda/libcuda.c", "")
 	dir := t.TempDir()
 	t.Setenv("STASIS_LIBNVML", lib)
 	t.Setenv("STASIS_FAKE_CUDA_DIR", dir)
@@ -144,7 +193,7 @@ func TestUsesCUDA(t *testing.T) {
 	if UsesCUDA(-1) {
 		t.Fatal("no process has PID -1")
 	}
-	if _, err := load(buildLib(t, "testdata/fakecuda/libcuda.c")); err != nil {
+	if _, err := load(buildLib(t, "testdata/fakecuda/libcuda.c", "")); err != nil {
 		t.Fatal(err)
 	}
 	if !UsesCUDA(os.Getpid()) {

@@ -216,6 +216,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -250,10 +251,12 @@ const (
 	codeNotReady = 600 // CUDA_ERROR_NOT_READY: a lock timed out
 )
 
-// TimedOut reports whether err is a lock that timed out.
+// TimedOut reports whether err is a lock that timed out, through either
+// backend.
 func TimedOut(err error) bool {
 	var e *Error
-	return errors.As(err, &e) && e.Code == codeNotReady
+	var te *ToolError
+	return errors.As(err, &e) && e.Code == codeNotReady || errors.As(err, &te) && te.TimedOut
 }
 
 // State is a process's checkpoint state (CUprocessState).
@@ -280,11 +283,46 @@ func (s State) String() string {
 	return fmt.Sprintf("state %d", int(s))
 }
 
-// Driver is an opened libcuda with the checkpoint API.
+// Driver is an opened libcuda. Its process checkpoint calls (ProcessState,
+// Lock, Checkpoint, Restore, Unlock, RestoreThreadID) go to a backend:
+// libcuda's checkpoint API where the driver exports it, else NVIDIA's
+// cuda-checkpoint tool (tool.go). The memory calls are libcuda's alone.
 type Driver struct {
-	d    C.stasisDriver
-	Path string
+	d       C.stasisDriver
+	Path    string
+	proc    procBackend
+	backend Backend
 }
+
+// procBackend makes the process checkpoint calls.
+type procBackend interface {
+	state(pid int) (State, error)
+	lock(pid int, timeout time.Duration) error
+	checkpoint(pid int) error
+	restore(pid int, pairs []GPUPair) error
+	unlock(pid int) error
+	restoreThreadID(pid int) (int, error)
+	// canRemap says why a restore with GPU pairs cannot be done (nil
+	// when it can).
+	canRemap() error
+}
+
+// Backend kinds.
+const (
+	BackendAPI  = "api"             // libcuda's cuCheckpointProcess* functions
+	BackendTool = "cuda-checkpoint" // NVIDIA's cuda-checkpoint binary
+)
+
+// Backend says how a Driver makes the process checkpoint calls, and why.
+type Backend struct {
+	Kind   string `json:"kind"`   // BackendAPI or BackendTool
+	Path   string `json:"path"`   // the library, or the tool
+	Reason string `json:"reason"` // why this one
+}
+
+// Backend reports the backend of the process checkpoint calls; Kind is ""
+// when there is none (Load fails then).
+func (d *Driver) Backend() Backend { return d.backend }
 
 var (
 	loadOnce sync.Once
@@ -301,11 +339,33 @@ func LibraryPath() string {
 	return "libcuda.so.1"
 }
 
-// Load opens libcuda once per process, checks that it has the checkpoint
-// API, and initialises the driver.
+// Load opens libcuda once per process and initialises the driver, for
+// process checkpoints: it fails (wrapping ErrUnavailable) unless there is
+// a backend for the process checkpoint calls, libcuda's checkpoint API or
+// a cuda-checkpoint binary (FindTool).
 func Load() (*Driver, error) {
+	d, err := LoadLibrary()
+	if err != nil {
+		return nil, err
+	}
+	if none, ok := d.proc.(noBackend); ok {
+		return nil, none.why
+	}
+	return d, nil
+}
+
+// LoadLibrary opens libcuda once per process and initialises the driver,
+// for the memory calls, which need no checkpoint backend.
+func LoadLibrary() (*Driver, error) {
 	loadOnce.Do(func() { loaded, loadErr = load(LibraryPath()) })
 	return loaded, loadErr
+}
+
+// CheckpointAPI names the checkpoint API's functions as libcuda exports
+// them.
+var CheckpointAPI = []string{
+	"cuCheckpointProcessGetState", "cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",
+	"cuCheckpointProcessRestore", "cuCheckpointProcessUnlock", "cuCheckpointProcessGetRestoreThreadId",
 }
 
 func load(path string) (*Driver, error) {
@@ -320,21 +380,50 @@ func load(path string) (*Driver, error) {
 		"cuInit": unsafe.Pointer(d.d.init), "cuDriverGetVersion": unsafe.Pointer(d.d.driverGetVersion),
 		"cuDeviceGetCount": unsafe.Pointer(d.d.deviceGetCount), "cuDeviceGet": unsafe.Pointer(d.d.deviceGet),
 		"cuDeviceGetName": unsafe.Pointer(d.d.deviceGetName), "cuDeviceGetUuid": unsafe.Pointer(d.d.deviceGetUuid),
-		"cuCheckpointProcessGetState": unsafe.Pointer(d.d.getState), "cuCheckpointProcessLock": unsafe.Pointer(d.d.lock),
-		"cuCheckpointProcessCheckpoint": unsafe.Pointer(d.d.checkpoint), "cuCheckpointProcessRestore": unsafe.Pointer(d.d.restore),
-		"cuCheckpointProcessUnlock": unsafe.Pointer(d.d.unlock), "cuCheckpointProcessGetRestoreThreadId": unsafe.Pointer(d.d.getRestoreThreadId),
 	} {
 		if p == nil {
 			missing = append(missing, name)
 		}
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("%w: %s lacks %s (the checkpoint API needs driver 570 or later)", ErrUnavailable, path, strings.Join(missing, ", "))
+		sort.Strings(missing)
+		return nil, fmt.Errorf("%w: %s lacks %s (not an NVIDIA driver?)", ErrUnavailable, path, strings.Join(missing, ", "))
 	}
 	if err := d.check("cuInit", 0, C.stasis_init(&d.d)); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
+	d.pickBackend()
 	return d, nil
+}
+
+// pickBackend chooses the backend of the process checkpoint calls:
+// libcuda's API when it exports all of it, else cuda-checkpoint.
+func (d *Driver) pickBackend() {
+	var missing []string
+	for i, p := range []unsafe.Pointer{
+		unsafe.Pointer(d.d.getState), unsafe.Pointer(d.d.lock), unsafe.Pointer(d.d.checkpoint),
+		unsafe.Pointer(d.d.restore), unsafe.Pointer(d.d.unlock), unsafe.Pointer(d.d.getRestoreThreadId),
+	} {
+		if p == nil {
+			missing = append(missing, CheckpointAPI[i])
+		}
+	}
+	if len(missing) == 0 {
+		d.proc = apiBackend{d}
+		d.backend = Backend{Kind: BackendAPI, Path: d.Path, Reason: "libcuda exports the checkpoint API"}
+		return
+	}
+	lacks := fmt.Sprintf("%s lacks %s", d.Path, strings.Join(missing, ", "))
+	if len(missing) == len(CheckpointAPI) {
+		lacks = d.Path + " lacks the checkpoint API (cuCheckpointProcess*; drivers before 570)"
+	}
+	path, where, err := FindTool()
+	if err != nil {
+		d.proc = noBackend{fmt.Errorf("%w: %s and %v: upgrade the NVIDIA driver to 570 or later, or install NVIDIA's cuda-checkpoint (on PATH, beside stasis, or named by $%s)", ErrUnavailable, lacks, err, ToolEnv)}
+		return
+	}
+	d.proc = &tool{path: path}
+	d.backend = Backend{Kind: BackendTool, Path: path, Reason: fmt.Sprintf("%s; cuda-checkpoint found through %s", lacks, where)}
 }
 
 func (d *Driver) check(call string, pid int, r C.CUresult) error {
@@ -407,25 +496,19 @@ func ParseUUID(s string) ([16]byte, error) {
 
 // ProcessState returns the checkpoint state of a CUDA process.
 func (d *Driver) ProcessState(pid int) (State, error) {
-	var s C.int
-	err := d.check("cuCheckpointProcessGetState", pid, C.stasis_get_state(&d.d, C.int(pid), &s))
-	return State(s), err
+	return d.proc.state(pid)
 }
 
 // Lock blocks further CUDA calls of pid and waits, up to timeout, for the
 // work it already submitted to finish.
 func (d *Driver) Lock(pid int, timeout time.Duration) error {
-	ms := timeout.Milliseconds()
-	if ms <= 0 {
-		ms = 1
-	}
-	return d.check("cuCheckpointProcessLock", pid, C.stasis_lock(&d.d, C.int(pid), C.uint(ms)))
+	return d.proc.lock(pid, timeout)
 }
 
 // Checkpoint moves a locked process's GPU memory into its host memory and
 // releases its GPU resources.
 func (d *Driver) Checkpoint(pid int) error {
-	return d.check("cuCheckpointProcessCheckpoint", pid, C.stasis_checkpoint(&d.d, C.int(pid)))
+	return d.proc.checkpoint(pid)
 }
 
 // GPUPair maps a GPU of the checkpoint to a GPU of this machine.
@@ -434,6 +517,67 @@ type GPUPair struct{ Old, New [16]byte }
 // Restore brings a checkpointed process's GPU state back, onto the GPUs
 // pairs name (none: the same GPUs); the process stays locked.
 func (d *Driver) Restore(pid int, pairs []GPUPair) error {
+	if len(pairs) > 0 {
+		if err := d.proc.canRemap(); err != nil {
+			return err
+		}
+	}
+	return d.proc.restore(pid, pairs)
+}
+
+// CanRemap says why this backend cannot restore onto other GPUs (Restore
+// with pairs); nil when it can. Restores and migrations ask before they
+// change anything.
+func (d *Driver) CanRemap() error {
+	return d.proc.canRemap()
+}
+
+// Unlock lets a locked process make CUDA calls again.
+func (d *Driver) Unlock(pid int) error {
+	return d.proc.unlock(pid)
+}
+
+// RestoreThreadID is the thread the driver uses inside pid for restores.
+func (d *Driver) RestoreThreadID(pid int) (int, error) {
+	return d.proc.restoreThreadID(pid)
+}
+
+// noBackend stands for a backend where there is none: every call fails
+// with why (wrapping ErrUnavailable).
+type noBackend struct{ why error }
+
+func (n noBackend) state(int) (State, error)         { return 0, n.why }
+func (n noBackend) lock(int, time.Duration) error    { return n.why }
+func (n noBackend) checkpoint(int) error             { return n.why }
+func (n noBackend) restore(int, []GPUPair) error     { return n.why }
+func (n noBackend) unlock(int) error                 { return n.why }
+func (n noBackend) restoreThreadID(int) (int, error) { return 0, n.why }
+func (n noBackend) canRemap() error                  { return n.why }
+
+// apiBackend makes the process checkpoint calls through libcuda's API.
+type apiBackend struct{ d *Driver }
+
+func (a apiBackend) state(pid int) (State, error) {
+	var s C.int
+	err := a.d.check("cuCheckpointProcessGetState", pid, C.stasis_get_state(&a.d.d, C.int(pid), &s))
+	return State(s), err
+}
+
+func (a apiBackend) lock(pid int, timeout time.Duration) error {
+	return a.d.check("cuCheckpointProcessLock", pid, C.stasis_lock(&a.d.d, C.int(pid), C.uint(lockMillis(timeout))))
+}
+
+// lockMillis is a lock timeout in milliseconds, at least 1 (0 would mean
+// no timeout).
+func lockMillis(timeout time.Duration) int64 {
+	return max(timeout.Milliseconds(), 1)
+}
+
+func (a apiBackend) checkpoint(pid int) error {
+	return a.d.check("cuCheckpointProcessCheckpoint", pid, C.stasis_checkpoint(&a.d.d, C.int(pid)))
+}
+
+func (a apiBackend) restore(pid int, pairs []GPUPair) error {
 	var cpairs *C.stasisGpuPair
 	if len(pairs) > 0 {
 		mem := C.malloc(C.size_t(len(pairs)) * C.size_t(unsafe.Sizeof(C.stasisGpuPair{})))
@@ -447,20 +591,22 @@ func (d *Driver) Restore(pid int, pairs []GPUPair) error {
 		}
 		cpairs = &arr[0]
 	}
-	return d.check("cuCheckpointProcessRestore", pid, C.stasis_restore(&d.d, C.int(pid), cpairs, C.uint(len(pairs))))
+	return a.d.check("cuCheckpointProcessRestore", pid, C.stasis_restore(&a.d.d, C.int(pid), cpairs, C.uint(len(pairs))))
 }
 
-// Unlock lets a locked process make CUDA calls again.
-func (d *Driver) Unlock(pid int) error {
-	return d.check("cuCheckpointProcessUnlock", pid, C.stasis_unlock(&d.d, C.int(pid)))
+func (a apiBackend) unlock(pid int) error {
+	return a.d.check("cuCheckpointProcessUnlock", pid, C.stasis_unlock(&a.d.d, C.int(pid)))
 }
 
-// RestoreThreadID is the thread the driver uses inside pid for restores.
-func (d *Driver) RestoreThreadID(pid int) (int, error) {
+func (a apiBackend) restoreThreadID(pid int) (int, error) {
 	var tid C.int
-	err := d.check("cuCheckpointProcessGetRestoreThreadId", pid, C.stasis_restore_thread(&d.d, C.int(pid), &tid))
+	err := a.d.check("cuCheckpointProcessGetRestoreThreadId", pid, C.stasis_restore_thread(&a.d.d, C.int(pid), &tid))
 	return int(tid), err
 }
+
+// canRemap: the API takes GPU pairs (a driver before CUDA 13.0 refuses
+// them with an error of its own).
+func (apiBackend) canRemap() error { return nil }
 
 // UsesCUDA reports whether pid has libcuda mapped: the processes of a tree
 // that the checkpoint API must handle.

@@ -5,22 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/stasis-ckpt/stasis/cuda"
 )
 
 // checkpointSymbols are the CUDA driver functions stasis calls to checkpoint
 // and restore a process's GPU state.
-var checkpointSymbols = []string{
-	"cuCheckpointProcessGetState",
-	"cuCheckpointProcessLock",
-	"cuCheckpointProcessCheckpoint",
-	"cuCheckpointProcessRestore",
-	"cuCheckpointProcessUnlock",
-	"cuCheckpointProcessGetRestoreThreadId",
-}
+var checkpointSymbols = cuda.CheckpointAPI
 
 var (
 	// "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  ..." or
@@ -30,7 +24,8 @@ var (
 	libcudaVersionPattern = regexp.MustCompile(`^libcuda\.so\.(\d+\.\d+(?:\.\d+)*)$`)
 )
 
-// checkCUDA reports libcuda, its checkpoint API and the kernel driver.
+// checkCUDA reports libcuda, its checkpoint API, the backend stasis makes
+// the checkpoint calls with, and the kernel driver.
 func checkCUDA(o Options, libs *libFinder) []Check {
 	lib := libs.find("libcuda.so.1", false)
 	var checks []Check
@@ -44,34 +39,63 @@ func checkCUDA(o Options, libs *libFinder) []Check {
 			Hint: "no NVIDIA driver: GPU checkpoints are unavailable; CPU processes and files still work",
 		})
 	} else {
-		checks = append(checks,
-			Check{Name: "libcuda", Status: OK, Detail: lib.describe()},
-			checkpointAPICheck(lib))
+		api, missing, err := checkpointAPICheck(lib)
+		checks = append(checks, Check{Name: "libcuda", Status: OK, Detail: lib.describe()}, api)
+		if err == nil {
+			checks = append(checks, backendCheck(missing))
+		}
 	}
 	return append(checks, driverCheck(o, lib))
 }
 
-func checkpointAPICheck(lib libSearch) Check {
+// checkpointAPICheck reports the functions of the checkpoint API that
+// libcuda lacks; err is set when its symbols cannot be read.
+func checkpointAPICheck(lib libSearch) (Check, []string, error) {
 	c := Check{Name: "cuda checkpoint api"}
 	missing, err := missingSymbols(lib.resolved, checkpointSymbols)
 	if err != nil {
 		c.Status = Warn
 		c.Detail = fmt.Sprintf("cannot read the symbol table of %s: %v", lib.resolved, err)
 		c.Hint = "reinstall the NVIDIA driver"
-		return c
+		return c, nil, err
 	}
 	if len(missing) == 0 {
 		c.Status = OK
 		c.Detail = fmt.Sprintf("all %d cuCheckpointProcess* functions exported by %s", len(checkpointSymbols), lib.resolved)
-		return c
-	}
-	tool := "cuda-checkpoint: not on PATH"
-	if path, err := exec.LookPath("cuda-checkpoint"); err == nil {
-		tool = "cuda-checkpoint: " + path
+		return c, nil, nil
 	}
 	c.Status = Warn
-	c.Detail = fmt.Sprintf("%s lacks %s; %s", lib.resolved, strings.Join(missing, ", "), tool)
+	c.Detail = fmt.Sprintf("%s lacks %s", lib.resolved, strings.Join(missing, ", "))
 	c.Hint = "upgrade the NVIDIA driver (the full checkpoint API ships with r570; r550+ checkpoints only through NVIDIA's cuda-checkpoint tool)"
+	return c, missing, nil
+}
+
+// backendCheck says what stasis makes the process checkpoint calls with,
+// and why: libcuda's API, else cuda-checkpoint (found as cuda.Load finds
+// it), else nothing.
+func backendCheck(missingAPI []string) Check {
+	c := Check{Name: "cuda checkpoint backend"}
+	if len(missingAPI) == 0 {
+		c.Status = OK
+		c.Detail = "libcuda's checkpoint API"
+		return c
+	}
+	path, where, err := cuda.FindTool()
+	if err != nil {
+		c.Status = Missing
+		c.Detail = "none: libcuda lacks the checkpoint API, and " + err.Error()
+		c.Hint = "upgrade the NVIDIA driver to 570 or later, or install NVIDIA's cuda-checkpoint (github.com/NVIDIA/cuda-checkpoint) on PATH, beside stasis, or where $" + cuda.ToolEnv + " names it"
+		return c
+	}
+	c.Status = OK
+	c.Detail = fmt.Sprintf("cuda-checkpoint %s (found through %s), since libcuda lacks the checkpoint API", path, where)
+	if err := cuda.ToolCanRemap(path); err != nil {
+		c.Status = Warn
+		c.Detail += "; it has no --device-map"
+		c.Hint = "restores and migrations onto other GPUs are refused: install a cuda-checkpoint with --device-map (CUDA 13.0 or later) or upgrade the NVIDIA driver"
+	} else {
+		c.Detail += "; restores onto other GPUs through --device-map"
+	}
 	return c
 }
 

@@ -44,6 +44,9 @@ func TestLibcudaWithFullCheckpointAPI(t *testing.T) {
 	api := mustCheck(t, checks, "cuda checkpoint api")
 	wantStatus(t, api, OK)
 	wantDetail(t, api, "all 6 cuCheckpointProcess* functions", real)
+	backend := mustCheck(t, checks, "cuda checkpoint backend")
+	wantStatus(t, backend, OK)
+	wantDetail(t, backend, "libcuda's checkpoint API")
 
 	driver := mustCheck(t, checks, "nvidia driver")
 	wantStatus(t, driver, OK)
@@ -66,7 +69,6 @@ func TestLibcudaWithPartialCheckpointAPI(t *testing.T) {
 	if got := missingFromDetail(t, api.Detail); !reflect.DeepEqual(got, want) {
 		t.Errorf("missing %v, want %v", got, want)
 	}
-	wantDetail(t, api, "cuda-checkpoint: ")
 	if !strings.Contains(api.Hint, "driver") || !strings.Contains(api.Hint, "cuda-checkpoint") {
 		t.Errorf("hint %q", api.Hint)
 	}
@@ -80,11 +82,42 @@ func TestLibcudaWithPartialCheckpointAPI(t *testing.T) {
 func TestLibcudaWithoutCheckpointAPI(t *testing.T) {
 	o := hermeticOptions(t)
 	buildSharedLib(t, filepath.Join(o.LibDirs[0], "libcuda.so.1"), cFunctions("cuInit"))
-	api := mustCheck(t, runChecks(t, o), "cuda checkpoint api")
+	t.Setenv("STASIS_CUDA_CHECKPOINT", "")
+	t.Setenv("PATH", t.TempDir())
+	checks := runChecks(t, o)
+	api := mustCheck(t, checks, "cuda checkpoint api")
 	wantStatus(t, api, Warn)
 	if got := missingFromDetail(t, api.Detail); !reflect.DeepEqual(got, checkpointSymbols) {
 		t.Errorf("missing %v, want all of %v", got, checkpointSymbols)
 	}
+	// No cuda-checkpoint either.
+	backend := mustCheck(t, checks, "cuda checkpoint backend")
+	wantStatus(t, backend, Missing)
+	wantDetail(t, backend, "none: libcuda lacks the checkpoint API, and no cuda-checkpoint was found")
+	for _, want := range []string{"570", "cuda-checkpoint", "$STASIS_CUDA_CHECKPOINT"} {
+		if !strings.Contains(backend.Hint, want) {
+			t.Errorf("hint %q lacks %q", backend.Hint, want)
+		}
+	}
+
+	// cuda-checkpoint on PATH, one without --device-map, then one named by
+	// $STASIS_CUDA_CHECKPOINT, with it.
+	bin := t.TempDir()
+	old := filepath.Join(bin, "cuda-checkpoint")
+	writeFile(t, old, "#!/bin/sh\necho '--action lock|checkpoint|restore|unlock --pid <pid> [--timeout <ms>]'\n", 0o755)
+	t.Setenv("PATH", bin)
+	backend = mustCheck(t, runChecks(t, o), "cuda checkpoint backend")
+	wantStatus(t, backend, Warn)
+	wantDetail(t, backend, "cuda-checkpoint "+old+" (found through PATH), since libcuda lacks the checkpoint API; it has no --device-map")
+	if !strings.Contains(backend.Hint, "onto other GPUs are refused") {
+		t.Errorf("hint %q", backend.Hint)
+	}
+	named := filepath.Join(t.TempDir(), "cc")
+	writeFile(t, named, "#!/bin/sh\necho '--device-map|-d <deviceUuids>'\n", 0o755)
+	t.Setenv("STASIS_CUDA_CHECKPOINT", named)
+	backend = mustCheck(t, runChecks(t, o), "cuda checkpoint backend")
+	wantStatus(t, backend, OK)
+	wantDetail(t, backend, "cuda-checkpoint "+named+" (found through $STASIS_CUDA_CHECKPOINT)", "restores onto other GPUs through --device-map")
 }
 
 func TestLibcudaAbsent(t *testing.T) {
@@ -97,6 +130,9 @@ func TestLibcudaAbsent(t *testing.T) {
 	}
 	if _, ok := checks["cuda checkpoint api"]; ok {
 		t.Error("checkpoint API checked without libcuda")
+	}
+	if _, ok := checks["cuda checkpoint backend"]; ok {
+		t.Error("checkpoint backend checked without libcuda")
 	}
 	wantStatus(t, mustCheck(t, checks, "nvidia driver"), Missing)
 }

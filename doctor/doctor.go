@@ -40,10 +40,10 @@ type Options struct {
 }
 
 // Run performs every check and returns the results in a stable order:
-// kernel, criu, criu check, libcuda, cuda checkpoint api, nvidia driver,
-// libcufile, gds, store, store free space, store o_direct. Checks that depend
-// on something absent (criu check, cuda checkpoint api, gds) are left out
-// when it is absent.
+// kernel, criu, criu check, libcuda, cuda checkpoint api, cuda checkpoint
+// backend, nvidia driver, libcufile, gds, store, store free space, store
+// o_direct. Checks that depend on something absent (criu check, cuda
+// checkpoint api and backend, gds) are left out when it is absent.
 func Run(ctx context.Context, o Options) []Check {
 	libs := newLibFinder(ctx, o)
 	var checks []Check

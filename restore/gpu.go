@@ -17,7 +17,9 @@ var ErrIncompatible = errors.New("this machine does not match the checkpoint")
 // the GPUs gpuMap names, else the same GPUs, else those of the same
 // index; nil pairs mean the same GPUs) and the mismatches a restore onto
 // them would have: another driver version, another GPU model. An error
-// (wrapping cuda.ErrNoGPU) means there are no GPUs to restore onto.
+// (wrapping cuda.ErrNoGPU) means there are no GPUs to restore onto; one
+// wrapping cuda.ErrUnavailable, that the pairs are needed and the backend
+// cannot take them (a cuda-checkpoint without --device-map).
 func gpuPlan(meta *checkpoint.GPUMeta, drv *cuda.Driver, gpuMap cuda.GPUMap) ([]cuda.GPUPair, []string, error) {
 	var mismatches []string
 	version, err := drv.DriverVersion()
@@ -34,6 +36,11 @@ func gpuPlan(meta *checkpoint.GPUMeta, drv *cuda.Driver, gpuMap cuda.GPUMap) ([]
 	pairs, err := cuda.PlanPairs(meta.Devices, here, gpuMap)
 	if err != nil {
 		return nil, nil, err
+	}
+	if pairs != nil {
+		if err := drv.CanRemap(); err != nil {
+			return nil, nil, fmt.Errorf("the restore moves GPU state onto other GPUs: %w", err)
+		}
 	}
 	for _, old := range meta.Devices {
 		if to, ok := cuda.Target(pairs, old, here); ok && to.Name != old.Name {

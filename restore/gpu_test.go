@@ -3,13 +3,13 @@ package restore
 import (
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stasis-ckpt/stasis/checkpoint"
 	"github.com/stasis-ckpt/stasis/cuda"
+	"github.com/stasis-ckpt/stasis/cuda/cudatest"
 )
 
 const standInUUID = "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f" // the stand-in driver's GPU 0
@@ -17,12 +17,9 @@ const standInUUID = "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f" // the stand-in d
 // standIn loads the stand-in driver with two GPUs.
 func standIn(t *testing.T) *cuda.Driver {
 	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc is needed to build the stand-in driver")
-	}
-	lib := filepath.Join(t.TempDir(), "libcuda.so.1")
-	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", lib, "../cuda/testdata/fakecuda/libcuda.c").CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
+	lib, err := cudatest.Build(t.TempDir())
+	if err != nil {
+		t.Skip(err)
 	}
 	dir := t.TempDir()
 	t.Setenv("STASIS_LIBCUDA", lib)

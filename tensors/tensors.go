@@ -152,7 +152,7 @@ func Save(ctx context.Context, s *catalog.Store, ts []Tensor, o SaveOptions) (*c
 		}
 		var err error
 		if drv == nil {
-			if drv, err = cuda.Load(); err != nil {
+			if drv, err = cuda.LoadLibrary(); err != nil {
 				return nil, err
 			}
 		}
@@ -302,7 +302,7 @@ func Load(ctx context.Context, s *catalog.Store, id string, into []Tensor, o cat
 		var devCtx cuda.Context
 		if t.Device != 0 {
 			if drv == nil {
-				if drv, err = cuda.Load(); err != nil {
+				if drv, err = cuda.LoadLibrary(); err != nil {
 					return nil, err
 				}
 			}

@@ -9,13 +9,13 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"unsafe"
 
 	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/cuda/cudatest"
 	"github.com/stasis-ckpt/stasis/gdswriter"
 	"golang.org/x/sys/unix"
 )
@@ -27,19 +27,15 @@ import (
 var fakeDir string // the stand-in's state directory; "" when it could not be built
 
 func TestMain(m *testing.M) {
-	if _, err := exec.LookPath("gcc"); err == nil && os.Getenv("STASIS_GPU_TEST") == "" {
-		dir, _ := os.MkdirTemp("", "stasis-fakecuda-")
-		lib := filepath.Join(dir, "libcuda.so.1")
-		if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", lib, "../cuda/testdata/fakecuda/libcuda.c").CombinedOutput(); err == nil {
-			os.Setenv("STASIS_LIBCUDA", lib)
-			os.Setenv("STASIS_FAKE_CUDA_DIR", dir)
-			fakeDir = dir
-		} else {
-			fmt.Fprintf(os.Stderr, "stand-in driver not built: %v\n%s", err, out)
-		}
-		defer os.RemoveAll(dir)
+	code := 0
+	if os.Getenv("STASIS_GPU_TEST") == "" {
+		var cleanup func()
+		fakeDir, cleanup = cudatest.Use()
+		defer func() { cleanup(); os.Exit(code) }()
+	} else {
+		defer func() { os.Exit(code) }()
 	}
-	os.Exit(m.Run())
+	code = m.Run()
 }
 
 func mustStore(t *testing.T) *catalog.Store {

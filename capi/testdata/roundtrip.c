@@ -58,6 +58,9 @@ int main(int argc, char **argv) {
 		{"step", "int64", 0, NULL, step, 0, sizeof(int64_t)},
 	};
 
+	rc = stasis_prepare(store, ts, 2, &err);
+	CHECK(rc == STASIS_OK, "prepare: %s", err.message);
+
 	/* blocking */
 	stasis_checkpoint ck = 0;
 	rc = stasis_begin(store, "ctest", 1, &ck, &err);
@@ -148,8 +151,21 @@ int main(int argc, char **argv) {
 	rc = stasis_open(argv[1], "lz77", &ck, &err);
 	CHECK(rc == STASIS_EINVAL, "an unknown codec: %d %s", rc, err.message);
 
+	stasis_tensor huge = {"h", "uint8", 0, NULL, step, 0, (uint64_t)1 << 63};
+	rc = stasis_begin(store, "ctest", 4, &ck, &err);
+	rc = stasis_add(ck, &huge, 1, &err);
+	CHECK(rc == STASIS_EINVAL, "nbytes out of range: %d %s", rc, err.message);
+	rc = stasis_set_compress(ck, "none", &err);
+	CHECK(rc == STASIS_OK, "set_compress: %s", err.message);
+	rc = stasis_find(store, "", -1, &record, &err);
+	CHECK(rc == STASIS_EINVAL, "find with no job: %d %s", rc, err.message);
+
 	rc = stasis_close(store, &err);
 	CHECK(rc == STASIS_OK, "close: %s", err.message);
+	rc = stasis_add(ck, ts, 2, &err);
+	CHECK(rc == STASIS_OK, "add after close: %s", err.message);
+	rc = stasis_commit(ck, STASIS_ASYNC, &save, NULL, &err);
+	CHECK(rc == STASIS_EINVAL, "commit after close: %d %s", rc, err.message);
 	rc = stasis_close(store, &err);
 	CHECK(rc == STASIS_EINVAL, "closed twice: %d", rc);
 	free(weights);

@@ -21,12 +21,12 @@ through $STASIS_LIB, beside this package, or in the repository's bin/
 (`make` builds it there). The store is $STASIS_HOME (or home=).
 """
 
-from ._api import SaveHandle, latest, load, save
+from ._api import SaveHandle, latest, load, prepare, save
 from ._api import checkpoints as list
 from ._run import on_preempt, preempted, preemption, resume_id, resume_step
 from ._lib import (CheckpointNotFound, CorruptCheckpoint, InvalidArgument, LibraryError, Mismatch,
                    SaveInFlight, StasisError, library_path)
 
-__all__ = ["save", "load", "latest", "list", "SaveHandle", "StasisError", "InvalidArgument",
+__all__ = ["save", "prepare", "load", "latest", "list", "SaveHandle", "StasisError", "InvalidArgument",
            "CheckpointNotFound", "CorruptCheckpoint", "Mismatch", "SaveInFlight", "LibraryError",
            "library_path", "preempted", "preemption", "on_preempt", "resume_id", "resume_step"]

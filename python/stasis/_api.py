@@ -1,73 +1,97 @@
 """save, load, latest and list."""
 
 import atexit
-import builtins
 import ctypes
 import json
+import os
+import sys
 import threading
 import weakref
 
 from . import _lib, _state
 
-# Every save handle the library gave out and that is not released yet, with
-# a weak reference to its SaveHandle. A save whose SaveHandle was dropped
-# still runs; its handle is released once it is done (at the next save),
-# and the process waits for every one at exit, so that a checkpoint begun
-# is not lost because the interpreter ended.
+# Every save handle the library gave out and not released yet: handle ->
+# (weak reference to its SaveHandle, job, step). A save whose SaveHandle
+# was dropped still runs; its handle is released once it is done (at the
+# next save), and the process waits for every one at exit, so that a
+# checkpoint begun is not lost because the interpreter ended. A failure
+# nobody else can see any more is printed, and at exit it makes the
+# process's status 1.
 _open_saves = {}
 _open_lock = threading.Lock()
+
+
+def _finish_unwatched(h, job, step):
+    """Waits for a save whose SaveHandle is gone and releases it; returns
+    whether it succeeded, printing why not."""
+    lib = _lib.lib()
+    e = _lib.Error()
+    code = lib.stasis_save_wait(h, None, ctypes.byref(e))
+    lib.stasis_save_release(h)
+    if code != 0:
+        print(f"stasis: the asynchronous save of job {job!r} step {step} failed: "
+              f"{e.message.decode('utf-8', 'replace')}", file=sys.stderr, flush=True)
+    return code == 0
 
 
 def _reap():
     """Releases the handles of finished saves nobody can wait for any more."""
     lib = _lib.lib()
     with _open_lock:
-        for h, ref in builtins.list(_open_saves.items()):
-            if ref() is None and lib.stasis_save_done(h) != 0:
-                lib.stasis_save_release(h)
-                del _open_saves[h]
+        gone = [(h, job, step) for h, (ref, job, step) in _open_saves.items()
+                if ref() is None and lib.stasis_save_done(h) != 0]
+        for h, _, _ in gone:
+            del _open_saves[h]
+    for h, job, step in gone:
+        _finish_unwatched(h, job, step)
 
 
 class SaveHandle:
     """A save: .wait() returns its record once durable and listed, .done()
-    tells whether it has finished. For an asynchronous save, .waited_s is
-    how long it waited for the save before it and .snapshot_s how long
-    copying the tensors out took."""
+    tells whether it has finished; both may be called from any thread. For
+    an asynchronous save, .waited_s is how long it waited for the save
+    before it and .snapshot_s how long copying the tensors out took."""
 
-    def __init__(self, handle=0, record=None):
-        self._handle = handle
+    def __init__(self, handle=0, record=None, job=None, step=None):
+        self._handle = handle  # never reused by the library, even once released
         self._record = record
         self._error = None
+        self._finished = threading.Event()
         self._lock = threading.Lock()
         self.waited_s = self.snapshot_s = None
-        if handle:
-            waited, snapshot = ctypes.c_double(), ctypes.c_double()
-            _lib.call(_lib.lib().stasis_save_times, handle, ctypes.byref(waited), ctypes.byref(snapshot))
-            self.waited_s, self.snapshot_s = waited.value, snapshot.value
-            with _open_lock:
-                _open_saves[handle] = weakref.ref(self)
+        if not handle:
+            self._finished.set()
+            return
+        waited, snapshot = ctypes.c_double(), ctypes.c_double()
+        _lib.call(_lib.lib().stasis_save_times, handle, ctypes.byref(waited), ctypes.byref(snapshot))
+        self.waited_s, self.snapshot_s = waited.value, snapshot.value
+        with _open_lock:
+            _open_saves[handle] = (weakref.ref(self), job, step)
 
     def done(self):
-        with self._lock:
-            if not self._handle:
-                return True
-            return _lib.lib().stasis_save_done(self._handle) == 1
+        if self._finished.is_set():
+            return True
+        # -1: the handle was released by a wait in another thread, which
+        # happens only once the save has finished.
+        return _lib.lib().stasis_save_done(self._handle) != 0
 
     def wait(self):
         """Blocks until the checkpoint is durable and listed; returns its
         record (a dict with id, job, step, ...). Raises what the save
         raised."""
-        with self._lock:
-            if self._handle:
-                h, self._handle = self._handle, 0
-                try:
-                    self._record = _lib.call_json(_lib.lib().stasis_save_wait, h)
-                except _lib.StasisError as e:
-                    self._error = e
-                finally:
+        if not self._finished.is_set():
+            record, error = None, None
+            try:
+                record = _lib.call_json(_lib.lib().stasis_save_wait, self._handle)
+            except _lib.StasisError as e:
+                error = e  # or the handle was released by another waiter: see below
+            with self._lock:
+                if not self._finished.is_set():
+                    self._record, self._error = record, error
                     with _open_lock:
-                        _open_saves.pop(h, None)
-                    _lib.lib().stasis_save_release(h)
+                        _open_saves.pop(self._handle, None)
+                    _lib.lib().stasis_save_release(self._handle)
+                    self._finished.set()
         if self._error is not None:
             raise self._error
         return self._record
@@ -77,16 +101,15 @@ class SaveHandle:
         return self.wait()["id"]
 
 
-
 @atexit.register
 def _wait_at_exit():
     with _open_lock:
-        handles = builtins.list(_open_saves)
+        left = [(h, job, step) for h, (_, job, step) in _open_saves.items()]
         _open_saves.clear()
-    for h in handles:
-        e = _lib.Error()
-        _lib.lib().stasis_save_wait(h, None, ctypes.byref(e))
-        _lib.lib().stasis_save_release(h)
+    ok = all([_finish_unwatched(h, job, step) for h, job, step in left])
+    if not ok:
+        sys.stdout.flush()
+        os._exit(1)
 
 
 def _ctypes_tensors(items):
@@ -109,6 +132,30 @@ def _synchronize(devices):
             torch.cuda.synchronize(dev)
 
 
+def _items(leaves):
+    items = []
+    for leaf in leaves:
+        host, device = leaf.pointer()
+        items.append((leaf.name, leaf.dtype, leaf.shape, host, device, leaf.nbytes))
+    return items
+
+
+def prepare(state, home=None):
+    """Readies the snapshot memory for asynchronous saves of states like
+    this one (the same tensor sizes; the values are not read): allocated
+    now, and pinned (GPU states) or touched (host states) in the
+    background, so that the first save stalls no longer than the later
+    ones. Call it once before the first save, after the first optimizer
+    step (optimizers create their state in their first step: prepared
+    earlier, the memory would be too small and made again); without it,
+    the first save pays for that memory (seconds for gigabytes)."""
+    _, leaves = _state.flatten(state)
+    s = _lib.store(home)
+    arr, keep = _ctypes_tensors(_items(leaves))
+    _lib.call(_lib.lib().stasis_prepare, s.handle, arr, len(leaves))
+    del keep
+
+
 def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compress=None):
     """Saves state (nested dicts, lists and tuples of torch tensors (CUDA or
     CPU), NumPy arrays, None, bool, int, float and str) as checkpoint `step`
@@ -119,19 +166,20 @@ def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compres
     writing go on in the background. blocking=True returns once the
     checkpoint is durable and listed. Either way the result is a SaveHandle.
     A save while another is in flight waits for it (wait_if_busy=False
-    raises SaveInFlight instead).
+    raises SaveInFlight instead). compress: "auto" (the default), "none",
+    "zstd" or "s2".
     """
+    job_name, step = _lib.encode_job(job), _lib.check_step(step)
     tree, leaves = _state.flatten(state)
-    s = _lib.store(home, compress)
+    s = _lib.store(home)
     _reap()
     lib = _lib.lib()
     ck = ctypes.c_uint64()
-    _lib.call(lib.stasis_begin, s.handle, job.encode("utf-8"), int(step), ctypes.byref(ck))
+    _lib.call(lib.stasis_begin, s.handle, job_name, step, ctypes.byref(ck))
     try:
-        items = []
-        for leaf in leaves:
-            host, device = leaf.pointer()
-            items.append((leaf.name, leaf.dtype, leaf.shape, host, device, leaf.nbytes))
+        if compress is not None:
+            _lib.call(lib.stasis_set_compress, ck.value, compress.encode("utf-8"))
+        items = _items(leaves)
         arr, keep = _ctypes_tensors(items)
         if items:
             _lib.call(lib.stasis_add, ck.value, arr, len(items))
@@ -148,16 +196,18 @@ def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compres
     h = ctypes.c_uint64()
     _lib.call(lib.stasis_commit, ck.value, flags, ctypes.byref(h), None)
     del keep
-    return SaveHandle(handle=h.value)
+    return SaveHandle(handle=h.value, job=job, step=step)
 
 
 def _find(s, job, step, id):
     lib = _lib.lib()
     if id is not None:
+        if not isinstance(id, str) or not id or "\0" in id:
+            raise _lib.InvalidArgument(2, f"id must be a non-empty string, not {id!r}")
         return _lib.call_json(lib.stasis_describe, s.handle, id.encode("utf-8"))
     if job is None:
         raise TypeError("load needs job= or id=")
-    rec = _lib.call_json(lib.stasis_find, s.handle, job.encode("utf-8"), -1 if step is None else int(step))
+    rec = _lib.call_json(lib.stasis_find, s.handle, _lib.encode_job(job), -1 if step is None else _lib.check_step(step))
     return _lib.call_json(lib.stasis_describe, s.handle, rec["id"].encode("utf-8"))
 
 
@@ -236,7 +286,8 @@ def load(job=None, step=None, id=None, device=None, into=None, home=None):
         raise _lib.InvalidArgument(2, f"checkpoint {info['id']} was not saved by the Python package "
                                       "(no state description)")
     nodes = _state.tensor_nodes(tree)
-    targets = {}
+    targets = {}  # tensor name -> the object it is loaded into
+    also = []  # (object, object loaded): a tensor saved once under several keys, into= holding several objects
     if into is not None:
         saved_paths = {tuple(p) for p, _ in nodes}
         for path, node in nodes:
@@ -245,15 +296,21 @@ def load(job=None, step=None, id=None, device=None, into=None, home=None):
             except (KeyError, IndexError, TypeError):
                 raise _lib.Mismatch(12, f"{_state.path_text(path)}: the checkpoint has a tensor there, into= has nothing") from None
             _check_target(node, obj, path)
-            targets[node["tensor"]] = obj
+            first = targets.setdefault(node["tensor"], obj)
+            if first is not obj:
+                also.append((obj, first))
         for path in _state.tensor_paths(into):
             if tuple(path) not in saved_paths:
                 raise _lib.Mismatch(12, f"{_state.path_text(path)}: into= has a tensor there, the checkpoint has none")
     else:
         for _, node in nodes:
-            targets[node["tensor"]] = _allocate(node, device)
-    items, copy_back, devices = [], [], set()
+            if node["tensor"] not in targets:
+                targets[node["tensor"]] = _allocate(node, device)
+    items, copy_back, devices, named = [], [], set(), set()
     for path, node in nodes:
+        if node["tensor"] in named:  # the same tensor under a second key
+            continue
+        named.add(node["tensor"])
         obj = targets[node["tensor"]]
         buf, back = _writable_view(obj, path)
         if back:
@@ -273,12 +330,15 @@ def load(job=None, step=None, id=None, device=None, into=None, home=None):
     arr, keep = _ctypes_tensors(items)
     _lib.call(_lib.lib().stasis_load, s.handle, info["id"].encode("utf-8"), arr, len(items))
     del keep
-    for obj, buf in copy_back:
+    for obj, buf in copy_back + also:
         if _state.is_torch_tensor(obj):
-            obj.copy_(buf)
+            with _state._torch().no_grad():  # a parameter that requires grad
+                obj.copy_(buf)
         else:
             obj[...] = buf
-    return _state.build(tree, lambda node: targets[node["tensor"]])
+    if into is not None:
+        return _state.build(tree, lambda node, at: _state.lookup(into, at))
+    return _state.build(tree, lambda node, at: targets[node["tensor"]])
 
 
 def _record(r):
@@ -286,10 +346,10 @@ def _record(r):
 
 
 def latest(job, home=None):
-    """The record of job's latest complete checkpoint, or None."""
+    """The record of job's latest complete tensors checkpoint, or None."""
     s = _lib.store(home)
     try:
-        return _record(_lib.call_json(_lib.lib().stasis_find, s.handle, job.encode("utf-8"), -1))
+        return _record(_lib.call_json(_lib.lib().stasis_find, s.handle, _lib.encode_job(job), -1))
     except _lib.CheckpointNotFound:
         return None
 

@@ -101,9 +101,11 @@ def _declare(lib):
         "stasis_version": ([], ctypes.c_char_p),
         "stasis_open": ([p, p, u64p, err], i32),
         "stasis_close": ([u64, err], i32),
+        "stasis_prepare": ([u64, tens, ctypes.c_size_t, err], i32),
         "stasis_begin": ([u64, p, i64, u64p, err], i32),
         "stasis_add": ([u64, tens, ctypes.c_size_t, err], i32),
         "stasis_set_state": ([u64, p, err], i32),
+        "stasis_set_compress": ([u64, p, err], i32),
         "stasis_commit": ([u64, i32, u64p, out_json, err], i32),
         "stasis_discard": ([u64], None),
         "stasis_save_wait": ([u64, out_json, err], i32),
@@ -164,10 +166,10 @@ def _encode(s):
 class Store:
     """An open store: one libstasis store handle."""
 
-    def __init__(self, home=None, compress=None):
+    def __init__(self, home=None):
         self.home = home
         h = ctypes.c_uint64()
-        call(lib().stasis_open, _encode(home), _encode(compress), ctypes.byref(h))
+        call(lib().stasis_open, _encode(home), None, ctypes.byref(h))
         self.handle = h.value
 
     def close(self):
@@ -179,14 +181,29 @@ class Store:
 _stores = {}
 
 
-def store(home=None, compress=None):
-    """The store for (home, compress), opened once per process."""
+def store(home=None):
+    """The store at home ($STASIS_HOME, else the default), opened once per
+    process: one snapshot memory, and one save in flight at a time."""
     home = home or os.environ.get("STASIS_HOME") or None
-    key = (home, compress)
+    key = os.path.realpath(home) if home else None
     with _lock:
         s = _stores.get(key)
     if s is None:
-        s = Store(home, compress)
+        s = Store(home)
         with _lock:
             s = _stores.setdefault(key, s)
     return s
+
+
+def encode_job(job):
+    """A job name for the library: a non-empty str without NUL."""
+    if not isinstance(job, str) or not job or "\0" in job:
+        raise InvalidArgument(2, f"job must be a non-empty string without NUL characters, not {job!r}")
+    return job.encode("utf-8")
+
+
+def check_step(step):
+    """A step for the library: an int from 0 to 2**63-1."""
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 1 << 63:
+        raise InvalidArgument(2, f"step must be an int from 0 to 2**63-1, not {step!r}")
+    return step

@@ -68,7 +68,16 @@ def _encode_key(k):
 
 
 def tensor_name(path):
-    return "/".join(_encode_key(k) for k in path) or "_"
+    try:
+        name = "/".join(_encode_key(k) for k in path) or "_"
+    except UnicodeEncodeError:
+        raise TypeError(f"{path_text(path)}: a key is not valid Unicode text") from None
+    if len(name) > _MAX_NAME:
+        raise TypeError(f"{path_text(path)}: the key path is too long ({len(name)} bytes encoded, at most {_MAX_NAME})")
+    return name
+
+
+_MAX_NAME = 4096  # the store's limit on an entry's name
 
 
 class Leaf:
@@ -92,13 +101,16 @@ class Leaf:
 
 
 def _torch_leaf(t, path):
+    torch = _torch()
     name = str(t.dtype).replace("torch.", "")
     dtype = _TORCH_DTYPES.get(name)
     if dtype is None:
         raise TypeError(f"{path_text(path)}: torch dtype {t.dtype} is not supported")
     if t.device.type not in ("cpu", "cuda"):
         raise TypeError(f"{path_text(path)}: tensors on {t.device} are not supported (cpu or cuda)")
-    data = t.detach()
+    if t.layout != torch.strided:
+        raise TypeError(f"{path_text(path)}: {t.layout} tensors are not supported (dense tensors only)")
+    data = t.detach().resolve_conj().resolve_neg()  # lazily conjugated or negated views: their values
     if not data.is_contiguous():
         data = data.contiguous()
     device = "cpu" if data.device.type == "cpu" else f"cuda:{data.device.index}"
@@ -129,13 +141,35 @@ def _float_node(x):
     return {"f": x}
 
 
+def _identity(x):
+    """What makes two tensors or arrays the same buffer, seen the same way:
+    saved once, they load back as one object (tied weights stay tied)."""
+    if is_torch_tensor(x):
+        return ("torch", str(x.device), x.data_ptr(), str(x.dtype), tuple(x.shape), tuple(x.stride()), x.storage_offset())
+    return ("numpy", x.__array_interface__["data"][0], x.dtype.str, x.shape, x.strides)
+
+
 def flatten(state):
     """Returns (tree, leaves) for a state; TypeError names the key path of
-    the first object it cannot keep."""
+    the first object it cannot keep. An object met twice (the same tensor
+    under two keys) is saved once; both nodes name it."""
     leaves = []
+    seen_buffers = {}
     np = _numpy()
 
+    def tensor(x, path, make):
+        key = _identity(x)
+        if key in seen_buffers:
+            return dict(seen_buffers[key])
+        node, leaf = make(x, path)
+        leaves.append(leaf)
+        if leaf.nbytes:  # empty ones may all share one address
+            seen_buffers[key] = node
+        return node
+
     def walk(x, path):
+        if np is not None and isinstance(x, np.generic):  # before float: np.float64 is one
+            return numpy_scalar(x, path)
         if x is None or isinstance(x, (bool, str)):
             return {"v": x}
         if isinstance(x, int):
@@ -143,20 +177,22 @@ def flatten(state):
         if isinstance(x, float):
             return _float_node(float(x))
         if is_torch_tensor(x):
-            node, leaf = _torch_leaf(x, path)
-            leaves.append(leaf)
-            return node
+            return tensor(x, path, _torch_leaf)
         if np is not None and isinstance(x, np.ndarray):
-            node, leaf = _numpy_leaf(x, path)
-            leaves.append(leaf)
-            return node
-        if np is not None and isinstance(x, np.generic) and x.dtype.kind in "biufc":
-            v = x.item()
-            if isinstance(v, complex):
-                v = [v.real, v.imag]
-            elif isinstance(v, float) and not math.isfinite(v):
-                v = _float_node(v)["f"]
-            return {"np_scalar": x.dtype.str, "v": v}
+            return tensor(x, path, _numpy_leaf)
+        return container(x, path)
+
+    def numpy_scalar(x, path):
+        if x.dtype.kind not in "biufc" or (x.dtype.kind in "fc" and x.dtype.itemsize > {"f": 8, "c": 16}[x.dtype.kind]):
+            raise TypeError(f"{path_text(path)}: NumPy scalars of dtype {x.dtype} are not supported")
+        v = x.item()
+        if isinstance(v, complex):
+            v = [v.real, v.imag]
+        elif isinstance(v, float) and not math.isfinite(v):
+            v = _float_node(v)["f"]
+        return {"np_scalar": x.dtype.str, "v": v}
+
+    def container(x, path):
         if isinstance(x, dict):
             items = []
             for k, v in x.items():
@@ -204,9 +240,11 @@ def tensor_nodes(tree):
     return _tensor_nodes(tree, [], [])
 
 
-def build(tree, tensor_of):
-    """Rebuilds the state of a tree; tensor_of(node) gives each tensor."""
+def build(tree, tensor_of, path=None):
+    """Rebuilds the state of a tree; tensor_of(node, key path) gives each
+    tensor."""
     np = _numpy()
+    path = path or []
     if "v" in tree and "np_scalar" not in tree:
         return tree["v"]
     if "f" in tree:
@@ -219,13 +257,13 @@ def build(tree, tensor_of):
             v = float(v)
         return np.dtype(tree["np_scalar"]).type(v)
     if "tensor" in tree:
-        return tensor_of(tree)
+        return tensor_of(tree, path)
     if "dict" in tree:
-        return {k: build(v, tensor_of) for k, v in tree["dict"]}
+        return {k: build(v, tensor_of, path + [k]) for k, v in tree["dict"]}
     if "list" in tree:
-        return [build(v, tensor_of) for v in tree["list"]]
+        return [build(v, tensor_of, path + [i]) for i, v in enumerate(tree["list"])]
     if "tuple" in tree:
-        return tuple(build(v, tensor_of) for v in tree["tuple"])
+        return tuple(build(v, tensor_of, path + [i]) for i, v in enumerate(tree["tuple"]))
     raise ValueError(f"unknown node in the checkpoint's state description: {sorted(tree)}")
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import stasis
 
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STASIS_BIN = os.environ.get("STASIS_BIN") or os.path.join(os.path.dirname(PYTHON_DIR), "bin", "stasis")
 
 
 def sample_state(seed):
@@ -86,6 +87,7 @@ class RoundTrip(StoreTest):
 
     def test_async_save_is_a_snapshot(self):
         state = sample_state(2)
+        stasis.prepare(state, home=self.home)
         want = {k: v.copy() for k, v in state["model"].items()}
         h = stasis.save(state, job="snap", step=1, home=self.home)
         for arr in state["model"].values():
@@ -143,6 +145,93 @@ class RoundTrip(StoreTest):
         self.assertEqual(r.returncode, 0, r.stderr)
         loaded = stasis.load(job="exit", home=self.home)
         self.assertTrue(np.array_equal(loaded["w"], np.arange(8 << 20, dtype=np.float32)))
+
+
+class Edges(StoreTest):
+    def test_tied_arrays_are_saved_once_and_stay_tied(self):
+        w = np.arange(1 << 16, dtype=np.float32)
+        rec = stasis.save({"embed": w, "head": w, "other": w.copy()}, job="tied", step=1, home=self.home).wait()
+        self.assertEqual(rec["bytes"], 2 * w.nbytes)
+        out = stasis.load(job="tied", home=self.home)
+        self.assertIs(out["embed"], out["head"])
+        self.assertIsNot(out["embed"], out["other"])
+        self.assertTrue(np.array_equal(out["head"], w))
+        untied = {"embed": np.zeros_like(w), "head": np.zeros_like(w), "other": np.zeros_like(w)}
+        stasis.load(job="tied", into=untied, home=self.home)
+        self.assertTrue(np.array_equal(untied["head"], w), "the second object of a tied pair was not loaded")
+
+    def test_numpy_scalars_keep_their_type(self):
+        stasis.save({"x": np.float64(0.5), "y": np.float32(2)}, job="scalars", step=1, blocking=True, home=self.home)
+        out = stasis.load(job="scalars", home=self.home)
+        self.assertIs(type(out["x"]), np.float64)
+        self.assertIs(type(out["y"]), np.float32)
+        with self.assertRaisesRegex(TypeError, r"state\['q'\]: NumPy scalars of dtype float128"):
+            stasis.save({"q": np.longdouble(1)}, job="scalars", step=2, home=self.home)
+
+    def test_bad_job_step_and_state(self):
+        for job, step in ((" spaced ", 1), ("", 1), ("a\0b", 1), ("ok", -1), ("ok", 1 << 63), ("ok", 1.5)):
+            with self.subTest(job=job, step=step):
+                with self.assertRaises(stasis.InvalidArgument):
+                    stasis.save({}, job=job, step=step, home=self.home)
+        with self.assertRaises(stasis.InvalidArgument):
+            stasis.load(job="", home=self.home)
+        with self.assertRaisesRegex(stasis.InvalidArgument, "keep large data in tensors or arrays"):
+            stasis.save({"perm": list(range(3_000_000))}, job="ok", step=1, home=self.home)
+        self.assertEqual(stasis.list(home=self.home), [])
+
+    def test_compress_per_save_shares_the_store(self):
+        w = {"w": np.zeros(1 << 20, dtype=np.float32)}
+        stasis.prepare(w, home=self.home)
+        none = stasis.save(w, job="c", step=1, compress="none", home=self.home).wait()
+        auto = stasis.save(w, job="c", step=2, compress="auto", home=self.home).wait()
+        self.assertGreater(none["stored_bytes"], 10 * auto["stored_bytes"])
+        from stasis import _lib
+        self.assertEqual(sum(1 for s in _lib._stores.values() if s.home == self.home), 1)
+
+    def test_done_does_not_wait_for_a_waiting_thread(self):
+        import threading
+        h = stasis.save({"w": np.random.default_rng(1).standard_normal(32 << 20)}, job="poll", step=1, home=self.home)
+        waiter = threading.Thread(target=h.wait)
+        waiter.start()
+        seen = h.done()
+        waiter.join()
+        if seen:
+            self.skipTest("the save finished before done() was called")
+        self.assertTrue(h.done())
+        self.assertEqual(h.wait()["step"], 1)
+
+    def test_a_failed_save_at_exit_is_reported(self):
+        r = self.run_python("""
+            import resource, signal, numpy as np, stasis
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+            stasis.save({"w": np.random.default_rng(2).standard_normal(4 << 20)}, job="full", step=3)
+        """)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("stasis: the asynchronous save of job 'full' step 3 failed", r.stderr)
+        self.assertEqual(stasis.list("full", home=self.home), [])
+
+
+class Transfer(StoreTest):
+    def test_exported_checkpoint_loads_on_another_node(self):
+        """A checkpoint saved into one store, exported, imported into a
+        second store (another node's) and loaded from there."""
+        if not os.access(STASIS_BIN, os.X_OK):
+            self.skipTest(f"needs the stasis command at {STASIS_BIN} (make builds it) or $STASIS_BIN")
+        state = sample_state(7)
+        rid = stasis.save(state, job="moved", step=4, home=self.home).id
+        other = os.path.join(self.tmp.name, "node2")
+        export = subprocess.Popen([STASIS_BIN, "export", rid], env=dict(os.environ, STASIS_HOME=self.home),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        imported = subprocess.run([STASIS_BIN, "import", "-"], env=dict(os.environ, STASIS_HOME=other),
+                                  stdin=export.stdout, capture_output=True, text=True)
+        export.stdout.close()
+        export_errors = export.stderr.read()
+        export.stderr.close()
+        self.assertEqual(export.wait(), 0, export_errors)
+        self.assertEqual(imported.returncode, 0, imported.stderr)
+        self.assertEqual(stasis.latest("moved", home=other)["id"], rid)
+        assert_same(self, state, stasis.load(job="moved", home=other))
 
 
 class BadInput(StoreTest):

@@ -15,6 +15,10 @@
  * N-th device-to-host copy fail; pinning and unpinning, stream creation and
  * destruction are counted in calls.log.
  *
+ * Built with -DNO_CHECKPOINT_API it lacks the checkpoint API, like a driver
+ * before 570: then cuda-checkpoint.c, the stand-in for NVIDIA's tool, makes
+ * the same calls.
+ *
  * GPUs: $STASIS_FAKE_CUDA_DIR/devices holds how many (default 1); GPU i has
  * the UUID whose bytes are 0x10+i, 0x11+i, ... A process runs on the GPU
  * in .../<pid>.gpu (default 0). A restore with GPU pairs logs them ("restore
@@ -89,7 +93,7 @@ static void put_state(int pid, int s) {
 	writeint(name, s);
 }
 
-static int transition(const char *call, int pid, int from, int to, int failure) {
+__attribute__((unused)) static int transition(const char *call, int pid, int from, int to, int failure) {
 	int r = OK;
 	char slow[4096];
 	snprintf(slow, sizeof slow, "%s/slow-%s", dir(), call);
@@ -120,7 +124,7 @@ typedef struct { gpu_pair *pairs; unsigned int count; } restore_args;
 
 /* A restore onto other GPUs: every pair must name GPUs that exist, and the
  * pairs must cover the GPU the process ran on. */
-static int restore_pairs(int pid, const restore_args *a) {
+__attribute__((unused)) static int restore_pairs(int pid, const restore_args *a) {
 	char log[4096];
 	int n = snprintf(log, sizeof log, "restore");
 	int to = -1, r = OK;
@@ -171,15 +175,23 @@ int cuDeviceGetUuid_v2(unsigned char *uuid, int dev) {
 	for (int i = 0; i < 16; i++) uuid[i] = (unsigned char)(0x10 + i + dev);
 	return OK;
 }
-int cuGetErrorName(int r, const char **s) {
-	switch (r) {
-	case NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
-	case ILLEGAL_STATE: *s = "CUDA_ERROR_ILLEGAL_STATE"; break;
-	case UNKNOWN: *s = "CUDA_ERROR_UNKNOWN"; break;
-	default: *s = "CUDA_ERROR_INVALID_VALUE";
-	}
-	return OK;
+/* Each error's name, and its string (which cuda-checkpoint prints); the
+ * last is INVALID_VALUE's, and any other's. */
+static const struct { int code; const char *name, *string; } errors[] = {
+	{NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+	{ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+	{UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+	{INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+};
+static int error_index(int r) {
+	int i = 0;
+	while (errors[i].code != r && errors[i].code != INVALID_VALUE) i++;
+	return i;
 }
+int cuGetErrorName(int r, const char **s) { *s = errors[error_index(r)].name; return OK; }
+int cuGetErrorString(int r, const char **s) { *s = errors[error_index(r)].string; return OK; }
+/* Left out with -DNO_CHECKPOINT_API (see above). */
+#ifndef NO_CHECKPOINT_API
 int cuCheckpointProcessGetState(int pid, int *state) { *state = get_state(pid); return OK; }
 int cuCheckpointProcessLock(int pid, void *args) { (void)args; return transition("lock", pid, RUNNING, LOCKED, NOT_READY); }
 int cuCheckpointProcessCheckpoint(int pid, void *args) { (void)args; return transition("checkpoint", pid, LOCKED, CHECKPOINTED, UNKNOWN); }
@@ -190,6 +202,7 @@ int cuCheckpointProcessRestore(int pid, void *args) {
 }
 int cuCheckpointProcessUnlock(int pid, void *args) { (void)args; return transition("unlock", pid, LOCKED, RUNNING, UNKNOWN); }
 int cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) { *tid = pid; return OK; }
+#endif
 
 int cuPointerGetAttribute(void *data, int attribute, unsigned long long ptr) {
 	(void)attribute; (void)ptr;

@@ -1,0 +1,45 @@
+// Package cudatest builds the stand-in NVIDIA driver
+// (cuda/testdata/fakecuda/libcuda.c) for the tests of packages that copy
+// GPU memory, so that they run on machines without a GPU.
+package cudatest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+)
+
+// Build compiles the stand-in libcuda.so.1 into dir and returns its path.
+func Build(dir string) (string, error) {
+	if _, err := exec.LookPath("gcc"); err != nil {
+		return "", fmt.Errorf("gcc is needed to build the stand-in driver")
+	}
+	_, here, _, _ := runtime.Caller(0)
+	src := filepath.Join(filepath.Dir(here), "..", "testdata", "fakecuda", "libcuda.c")
+	lib := filepath.Join(dir, "libcuda.so.1")
+	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("gcc: %v: %s", err, out)
+	}
+	return lib, nil
+}
+
+// Use builds the stand-in into a new temporary directory, which also holds
+// its state (STASIS_FAKE_CUDA_DIR), and points STASIS_LIBCUDA at it, for a
+// TestMain. It returns the directory ("" when the stand-in could not be
+// built; the reason is printed) and a function removing it.
+func Use() (dir string, cleanup func()) {
+	dir, err := os.MkdirTemp("", "stasis-fakecuda-")
+	if err == nil {
+		var lib string
+		if lib, err = Build(dir); err == nil {
+			os.Setenv("STASIS_LIBCUDA", lib)
+			os.Setenv("STASIS_FAKE_CUDA_DIR", dir)
+			return dir, func() { os.RemoveAll(dir) }
+		}
+		os.RemoveAll(dir)
+	}
+	fmt.Fprintf(os.Stderr, "stand-in driver not built: %v\n", err)
+	return "", func() {}
+}
