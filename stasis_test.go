@@ -20,7 +20,7 @@ import (
 
 // Device buffers are tested with the stand-in driver
 // (cuda/testdata/fakecuda), whose device pointers are host addresses; the
-// real driver is exercised on the GPU machine (python/tests/gpu_roundtrip.py).
+// real driver is exercised on the GPU machine (python/tests/test_torch.py).
 
 var fakeDir string // the stand-in's state directory; "" when it could not be built
 

@@ -76,19 +76,12 @@ func lookup[T any](h C.uint64_t, what string) (T, error) {
 // take removes a handle of type T and returns what it held: of two calls
 // releasing the same handle, one gets it.
 func take[T any](h C.uint64_t, what string) (T, error) {
-	var zero T
-	v, ok := handles.Load(uint64(h))
-	if !ok {
+	t, err := lookup[T](h, what)
+	if err == nil && !handles.CompareAndDelete(uint64(h), any(t)) {
+		var zero T
 		return zero, fmt.Errorf("%w: %s handle %d is not open", catalog.ErrInvalid, what, uint64(h))
 	}
-	t, ok := v.(T)
-	if !ok {
-		return zero, fmt.Errorf("%w: handle %d is not a %s", catalog.ErrInvalid, uint64(h), what)
-	}
-	if !handles.CompareAndDelete(uint64(h), v) {
-		return zero, fmt.Errorf("%w: %s handle %d is not open", catalog.ErrInvalid, what, uint64(h))
-	}
-	return t, nil
+	return t, err
 }
 
 // errCode maps an error to its stasis_code.
