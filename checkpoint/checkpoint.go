@@ -182,7 +182,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	gpuOK := true
 	if gpu != nil {
 		// If stasis dies from here on, the watchdog resumes the job.
-		dog, err := startWatchdog(gpu.pids, s.LogPath("watchdog.log"))
+		dog, err := startWatchdog(gpu.pids, s.LogPath("watchdog.log"), nil)
 		if err != nil {
 			return nil, err
 		}

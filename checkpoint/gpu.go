@@ -38,6 +38,8 @@ type gpuSession struct {
 	lockTime, checkpointTime time.Duration
 	// stuck is set when a resume failed: the job may be left locked.
 	stuck bool
+	// dog, for a migration, is told which processes have moved.
+	dog *Sentinel
 }
 
 // lockAndCheckpoint locks every CUDA process (waiting up to timeout for

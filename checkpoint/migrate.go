@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -101,12 +102,13 @@ func Migrate(o MigrateOptions) (*MigrateResult, error) {
 	}
 
 	// If stasis dies from here on, the watchdog restores the job onto
-	// its old GPUs and unlocks it.
-	dog, err := startWatchdog(pids, o.LogPath)
+	// its old GPUs and unlocks it: the processes already moved (it is
+	// told of each) are moved back, unless all had moved.
+	dog, err := startWatchdog(pids, o.LogPath, reversePairs(pairs))
 	if err != nil {
 		return nil, err
 	}
-	g := &gpuSession{drv: drv, pids: pids}
+	g := &gpuSession{drv: drv, pids: pids, dog: dog}
 	defer func() { dog.Release(!g.stuck) }()
 	err = g.lockAndCheckpoint(o.LockTimeout)
 	res.Lock, res.Checkpoint = g.lockTime, g.checkpointTime
@@ -164,11 +166,17 @@ func toGPUMap(pids []int, here []cuda.Device, name string) (cuda.GPUMap, error) 
 // name. If one fails, those already moved are moved back (checkpointed
 // again and restored with the pairs reversed), so that the rollback finds
 // every process on its old GPUs, or checkpointed.
-func (g *gpuSession) restoreOnto(pairs []cuda.GPUPair) error {
+// reversePairs returns the pairs that undo pairs.
+func reversePairs(pairs []cuda.GPUPair) []cuda.GPUPair {
 	back := make([]cuda.GPUPair, len(pairs))
 	for i, p := range pairs {
 		back[i] = cuda.GPUPair{Old: p.New, New: p.Old}
 	}
+	return back
+}
+
+func (g *gpuSession) restoreOnto(pairs []cuda.GPUPair) error {
+	back := reversePairs(pairs)
 	var moved []int
 	for len(g.checkpointed) > 0 {
 		pid := g.checkpointed[0]
@@ -182,12 +190,15 @@ func (g *gpuSession) restoreOnto(pairs []cuda.GPUPair) error {
 				if err := g.drv.Restore(m, back); err != nil {
 					g.checkpointed = append(g.checkpointed, m) // the rollback restores it where it was checkpointed
 					errs = append(errs, fmt.Errorf("PID %d stays on its new GPUs: %w", m, err))
+					continue
 				}
+				g.dog.Tell(undonePrefix + strconv.Itoa(m))
 			}
 			return errors.Join(append([]error{err}, errs...)...)
 		}
 		g.checkpointed = g.checkpointed[1:]
 		moved = append(moved, pid)
+		g.dog.Tell(movedPrefix + strconv.Itoa(pid))
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 )
 
@@ -61,9 +62,33 @@ func (s *Sentinel) Release(ok bool) {
 	}
 }
 
+// Tell sends the sentinel a line of progress (without a newline; not
+// "done"), which WatchSentinel returns to it. A nil Sentinel is a no-op.
+func (s *Sentinel) Tell(line string) {
+	if s != nil {
+		s.pipe.WriteString(line + "\n")
+	}
+}
+
 // SentinelReleased is what a sentinel process calls first: it waits for its
 // starter and reports whether it ended with Release(true).
 func SentinelReleased() bool {
-	msg, _ := bufio.NewReader(os.NewFile(3, "starter")).ReadString('\n')
-	return msg == sentinelDone
+	released, _ := WatchSentinel()
+	return released
+}
+
+// WatchSentinel waits for the starter like SentinelReleased, and also
+// returns the lines of progress it told (Tell) before it ended.
+func WatchSentinel() (released bool, told []string) {
+	r := bufio.NewReader(os.NewFile(3, "starter"))
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return false, told
+		}
+		if line == sentinelDone {
+			return true, told
+		}
+		told = append(told, strings.TrimSuffix(line, "\n"))
+	}
 }

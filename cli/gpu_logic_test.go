@@ -372,6 +372,19 @@ func TestGPUWatchdog(t *testing.T) {
 					t.Fatal("stasis never locked the job")
 				}
 			}
+			if c.b.tool {
+				// Killed once the (slow) checkpoint tool runs, so that
+				// it outlives stasis.
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+					log, _ := os.ReadFile(filepath.Join(f.dir, "tool.log"))
+					if strings.Contains(string(log), "--action checkpoint") {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("stasis never ran the checkpoint tool: %s", log)
+					}
+				}
+			}
 			cmd.Process.Kill()
 			cmd.Wait()
 			for deadline := time.Now().Add(10 * time.Second); f.state(t, pid) != "0"; time.Sleep(10 * time.Millisecond) {

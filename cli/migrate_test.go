@@ -3,11 +3,13 @@ package cli_test
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stasis-ckpt/stasis/cli"
 )
@@ -94,20 +96,10 @@ func TestMigrateRollsBack(t *testing.T) {
 func TestMigrateRollsBackMovedProcesses(t *testing.T) {
 	f := newFakeDriver(t)
 	f.set(t, "devices", "2")
-	tmp := t.TempDir()
-	a, b := filepath.Join(tmp, "a"), filepath.Join(tmp, "b")
-	root := startDetached(t, "sh", "-c", fmt.Sprintf("%q %q %q & %q %q %q & wait", f.counter, f.lib, a, f.counter, f.lib, b))
-	waitCounting(t, a, 3)
-	waitCounting(t, b, 3)
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", root, root))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kids := strings.Fields(string(data))
-	if len(kids) != 2 {
-		t.Fatalf("children %v", kids)
-	}
-	first, second := kids[0], kids[1]
+	root, pids, outs := twoCUDAProcesses(t, f)
+	a, b := outs[0], outs[1]
+	first, second := strconv.Itoa(pids[0]), strconv.Itoa(pids[1])
+	kids := []string{first, second}
 	f.set(t, "fail-restore-pairs", second)
 	r := run(t, t.TempDir(), "migrate", "--pid", strconv.Itoa(root), "--gpu-map", "0=1")
 	expectCode(t, r, cli.ExitError, `the migration failed and was rolled back`)
@@ -128,6 +120,81 @@ func TestMigrateRollsBackMovedProcesses(t *testing.T) {
 	}
 	waitCounting(t, a, len(counts(t, a))+3)
 	waitCounting(t, b, len(counts(t, b))+3)
+}
+
+// twoCUDAProcesses starts a tree of two counters that map the stand-in
+// driver, on GPU 0 of two, and returns its root, the two counters and their
+// output files.
+func twoCUDAProcesses(t *testing.T, f *fakeDriver) (root int, kids []int, outs []string) {
+	t.Helper()
+	tmp := t.TempDir()
+	outs = []string{filepath.Join(tmp, "a"), filepath.Join(tmp, "b")}
+	root = startDetached(t, "sh", "-c", fmt.Sprintf("%q %q %q & %q %q %q & wait", f.counter, f.lib, outs[0], f.counter, f.lib, outs[1]))
+	for _, out := range outs {
+		waitCounting(t, out, 3)
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", root, root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range strings.Fields(string(data)) {
+		pid, _ := strconv.Atoi(k)
+		kids = append(kids, pid)
+	}
+	if len(kids) != 2 {
+		t.Fatalf("children %v", kids)
+	}
+	return root, kids, outs
+}
+
+// TestMigrateWatchdogMovesBack kills stasis migrate once the first of two
+// CUDA processes is on its new GPU and the second is being restored: the
+// watchdog moves the first back and restores the second onto its old GPU,
+// so the job is not left split across GPUs.
+func TestMigrateWatchdogMovesBack(t *testing.T) {
+	f := newFakeDriver(t)
+	f.set(t, "devices", "2")
+	root, kids, outs := twoCUDAProcesses(t, f)
+	f.set(t, "slow-restore", "")
+	home := t.TempDir()
+	cmd := exec.Command(stasisBin, "migrate", "--pid", strconv.Itoa(root), "--gpu-map", "0=1")
+	cmd.Env = append(os.Environ(), "STASIS_HOME="+home)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); f.gpu(t, kids[0]) != "1"; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("the first process never moved")
+		}
+	}
+	cmd.Process.Kill() // the second is in its (slow) restore
+	cmd.Wait()
+	for _, pid := range kids {
+		for deadline := time.Now().Add(30 * time.Second); f.state(t, pid) != "0" || f.gpu(t, pid) != "0"; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				logs, _ := filepath.Glob(filepath.Join(home, "logs", "*"))
+				var report []byte
+				for _, l := range logs {
+					b, _ := os.ReadFile(l)
+					report = append(report, b...)
+				}
+				t.Fatalf("PID %d after stasis died: GPU %s, state %s; want GPU 0, running; calls %q; watchdog: %s", pid, f.gpu(t, pid), f.state(t, pid), f.calls(t), report)
+			}
+		}
+	}
+	for _, out := range outs {
+		waitCounting(t, out, len(counts(t, out))+3)
+	}
+	logs, _ := filepath.Glob(filepath.Join(home, "logs", "*"))
+	var report []byte
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		report = append(report, b...)
+	}
+	if !strings.Contains(string(report), "died mid-migration") || !strings.Contains(string(report), fmt.Sprintf(`"pid":%d,"before":"locked","action":"moved back to its old GPUs","ok":true`, kids[0])) {
+		t.Fatalf("watchdog report: %s", report)
+	}
 }
 
 func TestMigrateRefuses(t *testing.T) {

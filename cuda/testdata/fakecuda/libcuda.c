@@ -7,7 +7,8 @@
  * same states, logs every call to $STASIS_FAKE_CUDA_DIR/calls.log, and
  * fails a call when $STASIS_FAKE_CUDA_DIR/fail-<call> exists (lock fails
  * with CUDA_ERROR_NOT_READY, as a lock timeout does). A call sleeps 3 s
- * before it acts when .../slow-<call> exists, the time it takes a real
+ * before it acts when .../slow-<call> exists (slow-restore: with or
+ * without GPU pairs), the time it takes a real
  * driver to move gigabytes. Driver version and
  * GPU name come from $STASIS_FAKE_CUDA_DIR/version and .../gpu-name when
  * present. Device memory is host memory here: a "device pointer" is a host
@@ -77,13 +78,18 @@ static int get_state(int pid) {
 	return readint(name, RUNNING);
 }
 
+/* writeint replaces the file at once (a temporary file renamed over it),
+ * as a driver's state changes: a process killed mid-call leaves the old
+ * value or the new one, never an empty file. */
 static void writeint(const char *name, int v) {
-	char path[4096];
+	char path[4096], tmp[4200];
 	snprintf(path, sizeof path, "%s/%s", dir(), name);
-	FILE *f = fopen(path, "w");
+	snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+	FILE *f = fopen(tmp, "w");
 	if (f) {
 		fprintf(f, "%d\n", v);
 		fclose(f);
+		rename(tmp, path);
 	}
 }
 
@@ -125,6 +131,9 @@ typedef struct { gpu_pair *pairs; unsigned int count; } restore_args;
 /* A restore onto other GPUs: every pair must name GPUs that exist, and the
  * pairs must cover the GPU the process ran on. */
 __attribute__((unused)) static int restore_pairs(int pid, const restore_args *a) {
+	char slow[4096];
+	snprintf(slow, sizeof slow, "%s/slow-restore", dir());
+	if (access(slow, F_OK) == 0) sleep(3);
 	char log[4096];
 	int n = snprintf(log, sizeof log, "restore");
 	int to = -1, r = OK;
