@@ -1,6 +1,8 @@
 package catalog
 
 import (
+	"io"
+	"strings"
 	"errors"
 	"fmt"
 	"os"
@@ -164,9 +166,19 @@ func lockFile(path string, wait bool) (*os.File, error) {
 // crashPoint kills the process when STASIS_CRASH_AT names point. It exists
 // for the crash tests, which need a process to die at exactly one step of a
 // protocol, as it would on a power cut or kill -9.
+//
+// STASIS_HOLD_AT=point:FIFO instead stops the process there until another
+// process has opened the named pipe FIFO for writing and closed it again,
+// so that a test can act while a writer is held at exactly that step.
 func crashPoint(point string) {
 	if os.Getenv("STASIS_CRASH_AT") == point {
 		_ = unix.Kill(os.Getpid(), unix.SIGKILL)
 		select {}
+	}
+	if at, fifo, ok := strings.Cut(os.Getenv("STASIS_HOLD_AT"), ":"); ok && at == point {
+		if f, err := os.Open(fifo); err == nil {
+			_, _ = io.Copy(io.Discard, f)
+			f.Close()
+		}
 	}
 }
