@@ -1,12 +1,12 @@
 package catalog
 
 import (
-	"io"
-	"strings"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
