@@ -110,6 +110,12 @@ func (s *Store) readManifestFile(id string) (*Manifest, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	return checkManifestFile(id, file, data)
+}
+
+// checkManifestFile parses and checks the bytes of checkpoint id's
+// manifest, read from file.
+func checkManifestFile(id, file string, data []byte) (*Manifest, []byte, error) {
 	m, err := ParseManifest(data)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", file, err)

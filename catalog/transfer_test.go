@@ -404,3 +404,59 @@ func TestImportKilled(t *testing.T) {
 }
 
 func regexpMatch(pattern, s string) bool { return regexp.MustCompile(pattern).MatchString(s) }
+
+// actAfter is a writer that calls act once, when more than n bytes have
+// been written to it.
+type actAfter struct {
+	bytes.Buffer
+	n   int
+	act func()
+}
+
+func (w *actAfter) Write(p []byte) (int, error) {
+	n, err := w.Buffer.Write(p)
+	if w.act != nil && w.Len() > w.n {
+		w.act()
+		w.act = nil
+	}
+	return n, err
+}
+
+// TestExportDuringRemoval removes the checkpoint while its first data
+// file is being exported: moved into trash/ only, the export goes on and
+// its stream imports; deleted, the export fails as not found, not as
+// corrupt.
+func TestExportDuringRemoval(t *testing.T) {
+	t.Run("moved", func(t *testing.T) {
+		a, b := mustStore(t), mustStore(t)
+		rec := commitTwoFiles(t, a, "moved")
+		w := &actAfter{n: 2 * tarBlock, act: func() {
+			// Remove's rename, before it deletes anything.
+			if err := os.Rename(a.CheckpointDir(rec.ID), a.path(trashDir, rec.ID)); err != nil {
+				t.Fatal(err)
+			}
+		}}
+		if _, err := a.Export(context.Background(), rec.ID, w, TransferOptions{}); err != nil {
+			t.Fatalf("export of a checkpoint moved into trash/ during it: %v", err)
+		}
+		if w.act != nil {
+			t.Fatal("the checkpoint was not moved during the export")
+		}
+		if _, err := importBytes(b, w.Bytes()); err != nil {
+			t.Fatalf("import of that export: %v", err)
+		}
+	})
+	t.Run("deleted", func(t *testing.T) {
+		s := mustStore(t)
+		rec := commitTwoFiles(t, s, "deleted")
+		w := &actAfter{n: 2 * tarBlock, act: func() {
+			if err := s.Remove(rec.ID); err != nil {
+				t.Fatal(err)
+			}
+		}}
+		_, err := s.Export(context.Background(), rec.ID, w, TransferOptions{})
+		if !errors.Is(err, ErrNotFound) || errors.Is(err, gdswriter.ErrCorrupt) || !strings.Contains(err.Error(), "removed during the export") {
+			t.Fatalf("export of a checkpoint removed during it: %v, want not found", err)
+		}
+	})
+}
