@@ -333,13 +333,7 @@ func importData(ctx context.Context, tr io.Reader, f DataFile, path string, o Tr
 			err = cerr
 		}
 	}()
-	workers := o.Workers
-	if workers <= 0 {
-		workers = gdswriter.DefaultWorkers()
-	}
-	workers = max(1, min(workers, len(f.Chunks)))
-	// Each buffer holds an extent and room to decode it.
-	size := maxExtent(f) + f.ChunkSize
+	workers, size := importBuffers(f, o.Workers)
 	free := make(chan []byte, workers+1)
 	for range workers + 1 {
 		free <- make([]byte, size)
@@ -407,6 +401,32 @@ func importData(ctx context.Context, tr io.Reader, f DataFile, path string, o Tr
 		return fmt.Errorf("fsync %s: %w", path, err)
 	}
 	return nil
+}
+
+// importMemory bounds the buffers of one data file's import: a manifest
+// may declare chunks of up to gdswriter.MaxChunkSize, and fewer workers
+// verify them rather than one such pair of buffers each.
+const importMemory = 1 << 30
+
+// importBuffers says how many workers verify f's chunks during an import
+// (asked, or gdswriter.DefaultWorkers() when 0), each with a buffer of
+// size bytes, and one more buffer being read into. A buffer holds the
+// largest extent and the largest decoded chunk that f's chunk table
+// declares (which ValidateChunks bounds by the chunk size, itself at most
+// gdswriter.MaxChunkSize), not chunk_size: a manifest cannot make import
+// allocate more than its chunks need, nor, with several workers, more
+// than importMemory, past which fewer workers run (at least one).
+func importBuffers(f DataFile, asked int) (workers int, size int64) {
+	if asked <= 0 {
+		asked = gdswriter.DefaultWorkers()
+	}
+	var raw int64
+	for _, c := range f.Chunks {
+		raw = max(raw, c.Raw)
+	}
+	size = maxExtent(f) + raw
+	workers = max(1, min(asked, len(f.Chunks), int(importMemory/size)-1))
+	return workers, size
 }
 
 // countingReader counts the bytes read through it.
