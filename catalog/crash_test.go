@@ -5,8 +5,13 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestCrashPoints kills a child process at each step of the commit and
@@ -104,4 +109,124 @@ func TestCrashPoints(t *testing.T) {
 			wantGC(t, rep, GCReport{})
 		})
 	}
+}
+
+// holdAt starts cmd held at point (STASIS_HOLD_AT) and returns once it is
+// there, with the function that lets it go on.
+func holdAt(t *testing.T, cmd *exec.Cmd, point string) (release func()) {
+	t.Helper()
+	fifo := filepath.Join(t.TempDir(), "hold")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(cmd.Env, "STASIS_HOLD_AT="+point+":"+fifo)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	opened := make(chan *os.File, 1)
+	go func() {
+		w, _ := os.OpenFile(fifo, os.O_WRONLY, 0) // returns once the child reads it
+		opened <- w
+	}()
+	select {
+	case w := <-opened:
+		t.Cleanup(func() { w.Close() })
+		return func() {
+			w.Close()
+			if err := <-exited; err != nil {
+				t.Logf("held child: %v", err)
+			}
+		}
+	case err := <-exited:
+		if r, err := os.OpenFile(fifo, os.O_RDONLY|unix.O_NONBLOCK, 0); err == nil {
+			r.Close() // lets the opener above go
+		}
+		t.Fatalf("child ended before reaching %s: %v", point, err)
+		return nil
+	}
+}
+
+// TestGCLeavesCommitToWriter holds a writer between the rename into
+// checkpoints/ and the index update, with its staging lock held: gc and
+// Rebuild must leave the checkpoint to it, and the commit then lists it.
+func TestGCLeavesCommitToWriter(t *testing.T) {
+	s := mustStore(t)
+	cmd := helperCmd("commit", s.Root)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	release := holdAt(t, cmd, "before-index")
+	onDisk := dirNames(t, s.path(checkpointsDir))
+	if len(onDisk) != 1 {
+		t.Fatalf("checkpoints/ holds %v, want the held commit", onDisk)
+	}
+	id := onDisk[0]
+	rep, err := s.GC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Indexed) != 0 || !slices.Equal(rep.StagingBusy, []string{id}) {
+		t.Errorf("gc during a commit: %+v, want %s left to its writer", rep, id)
+	}
+	mustRebuild(t, s)
+	if recs := mustList(t, s); len(recs) != 0 {
+		t.Errorf("listed by gc or Rebuild during the commit: %v", ids(recs))
+	}
+	release()
+	if got := strings.TrimSpace(stdout.String()); got != id {
+		t.Fatalf("commit printed %q, want %s (stderr %q)", got, id, stderr.String())
+	}
+	if got := ids(mustList(t, s)); !slices.Equal(got, []string{id}) {
+		t.Fatalf("listed %v after the commit, want %s", got, id)
+	}
+	if _, err := s.Verify(context.Background(), id, ReadOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = s.GC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantGC(t, rep, GCReport{})
+}
+
+// TestImportKeepsListedDirectory: a record for the imported ID appears
+// while the import is between its rename and its index update (as an
+// indexer unaware of staging locks would put it). The import fails, but
+// the directory that record points to stays.
+func TestImportKeepsListedDirectory(t *testing.T) {
+	a, b := mustStore(t), mustStore(t)
+	rec := mustCommit(t, a, "race", 1, 300<<10)
+	streamFile := filepath.Join(t.TempDir(), "stream.tar")
+	if err := os.WriteFile(streamFile, exportBytes(t, a, rec.ID), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in, err := os.Open(streamFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	cmd := helperCmd("import", b.Root)
+	var stderr bytes.Buffer
+	cmd.Stdin, cmd.Stderr = in, &stderr
+	release := holdAt(t, cmd, "before-index")
+	m, err := b.ReadManifest(rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.putRecord(recordOf(m)); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if !strings.Contains(stderr.String(), "appeared meanwhile") {
+		t.Errorf("import with a record appearing: %q", stderr.String())
+	}
+	if _, err := b.Verify(context.Background(), rec.ID, ReadOptions{}); err != nil {
+		t.Fatalf("the listed checkpoint lost its directory: %v", err)
+	}
+	rep, err := b.GC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantGC(t, rep, GCReport{})
 }

@@ -183,7 +183,9 @@ func (s *Store) GC() (GCReport, error) {
 	}
 
 	// Complete checkpoints the index does not know: a crash between the
-	// rename and the index update.
+	// rename and the index update. One whose writer still holds its
+	// staging lock is between the two right now: its writer lists it (or
+	// takes it back), not gc.
 	complete, err := os.ReadDir(s.path(checkpointsDir))
 	if err != nil {
 		return rep, err
@@ -193,17 +195,45 @@ func (s *Store) GC() (GCReport, error) {
 		if indexed[id] {
 			continue
 		}
-		m, err := s.ReadManifest(id)
+		unlock, held, err := s.tryStagingLock(id)
 		if err != nil {
-			rep.Damaged = append(rep.Damaged, id)
-			continue
-		}
-		if err := s.putRecord(recordOf(m)); err != nil {
 			return rep, err
 		}
-		rep.Indexed = append(rep.Indexed, id)
+		if held {
+			rep.StagingBusy = append(rep.StagingBusy, id)
+			continue
+		}
+		m, err := s.ReadManifest(id)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			// Its writer took it back before letting go of the lock.
+		case err != nil:
+			rep.Damaged = append(rep.Damaged, id)
+		default:
+			if err := s.putRecord(recordOf(m)); err != nil {
+				unlock()
+				return rep, err
+			}
+			rep.Indexed = append(rep.Indexed, id)
+		}
+		unlock()
 	}
 	return rep, nil
+}
+
+// tryStagingLock takes staging/<id>.lock without waiting. held is true
+// when a writer holds it; otherwise unlock removes the lock file and lets
+// go of it.
+func (s *Store) tryStagingLock(id string) (unlock func(), held bool, err error) {
+	path := s.path(stagingDir, id) + lockSuffix
+	lock, err := lockFile(path, false)
+	if err != nil {
+		return nil, false, err
+	}
+	if lock == nil {
+		return nil, true, nil
+	}
+	return func() { os.Remove(path); lock.Close() }, false, nil
 }
 
 // RebuildReport says what Rebuild found.
@@ -221,12 +251,25 @@ func (s *Store) Rebuild() (RebuildReport, error) {
 		return rep, err
 	}
 	var recs []Record
+	var busy []string // being committed: their writers list them
 	for _, e := range entries {
 		if _, err := uuid.Parse(e.Name()); err != nil {
 			rep.Damaged = append(rep.Damaged, e.Name())
 			continue
 		}
+		unlock, held, err := s.tryStagingLock(e.Name())
+		if err != nil {
+			return rep, err
+		}
+		if held {
+			busy = append(busy, e.Name())
+			continue
+		}
 		m, err := s.ReadManifest(e.Name())
+		unlock()
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
 		if err != nil {
 			rep.Damaged = append(rep.Damaged, e.Name())
 			continue
@@ -234,6 +277,17 @@ func (s *Store) Rebuild() (RebuildReport, error) {
 		recs = append(recs, recordOf(m))
 	}
 	err = s.update(func(tx *bolt.Tx) error {
+		// A checkpoint being committed keeps the record its writer may
+		// have put already, and gets none from here otherwise.
+		for _, id := range busy {
+			r, ok, err := getRecordTx(tx, id)
+			if err != nil {
+				return err
+			}
+			if ok {
+				recs = append(recs, r)
+			}
+		}
 		for _, b := range [][]byte{bucketCheckpoints, bucketJobs} {
 			if err := tx.DeleteBucket(b); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
 				return err

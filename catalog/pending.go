@@ -193,9 +193,10 @@ func (p *Pending) Commit() (_ *Record, err error) {
 		}
 		return nil, fmt.Errorf("move checkpoint into place: %w", err)
 	}
+	// From here on the directory is under checkpoints/: the deferred
+	// RemoveAll of p.dir finds nothing, and only unlist may take it away.
 	if err := syncDir(filepath.Dir(final)); err != nil {
-		p.store.discard(m.ID)
-		return nil, err
+		return nil, p.unlist(err)
 	}
 	crashPoint("before-index")
 	rec := recordOf(m)
@@ -204,10 +205,45 @@ func (p *Pending) Commit() (_ *Record, err error) {
 		put = p.store.putNewRecord
 	}
 	if err := put(rec); err != nil {
-		p.store.discard(m.ID)
-		return nil, fmt.Errorf("checkpoint %s written but not listed, so removed again: %w", m.ID, err)
+		return nil, p.unlist(err)
 	}
 	return &rec, nil
+}
+
+// unlist takes back a checkpoint that was renamed into checkpoints/ but
+// could not be listed (cause), unless a record points to it by now: a
+// directory a record names is never deleted. gc and Rebuild do not list a
+// checkpoint whose staging lock is held, which p holds, so a record here
+// is one that existed before (an ID being removed, which gc finishes).
+func (p *Pending) unlist(cause error) error {
+	id := p.Manifest.ID
+	trash := p.store.path(trashDir, id)
+	var listed bool
+	err := p.store.update(func(tx *bolt.Tx) error {
+		_, ok, err := getRecordTx(tx, id)
+		if err != nil || ok {
+			listed = ok
+			return err
+		}
+		if err := os.Rename(p.store.CheckpointDir(id), trash); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return syncDir(p.store.path(checkpointsDir))
+	})
+	switch {
+	case listed:
+		return fmt.Errorf("checkpoint %s written, but a record with its ID appeared meanwhile, so it was left to that record: %w", id, cause)
+	case err != nil:
+		// The index cannot be read either (it stays locked): nobody but
+		// p lists this ID while p holds its staging lock, so the
+		// directory is still unlisted.
+		if derr := p.store.discard(id); derr != nil {
+			return fmt.Errorf("checkpoint %s written but not listed, and not removed either (run `stasis gc`): %w", id, cause)
+		}
+	default:
+		os.RemoveAll(trash)
+	}
+	return fmt.Errorf("checkpoint %s written but not listed, so removed again: %w", id, cause)
 }
 
 // Abort drops the staged checkpoint and everything written for it.

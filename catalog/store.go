@@ -3,8 +3,10 @@ package catalog
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -108,6 +110,12 @@ func (s *Store) readManifestFile(id string) (*Manifest, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	return checkManifestFile(id, file, data)
+}
+
+// checkManifestFile parses and checks the bytes of checkpoint id's
+// manifest, read from file.
+func checkManifestFile(id, file string, data []byte) (*Manifest, []byte, error) {
 	m, err := ParseManifest(data)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", file, err)
@@ -164,9 +172,19 @@ func lockFile(path string, wait bool) (*os.File, error) {
 // crashPoint kills the process when STASIS_CRASH_AT names point. It exists
 // for the crash tests, which need a process to die at exactly one step of a
 // protocol, as it would on a power cut or kill -9.
+//
+// STASIS_HOLD_AT=point:FIFO instead stops the process there until another
+// process has opened the named pipe FIFO for writing and closed it again,
+// so that a test can act while a writer is held at exactly that step.
 func crashPoint(point string) {
 	if os.Getenv("STASIS_CRASH_AT") == point {
 		_ = unix.Kill(os.Getpid(), unix.SIGKILL)
 		select {}
+	}
+	if at, fifo, ok := strings.Cut(os.Getenv("STASIS_HOLD_AT"), ":"); ok && at == point {
+		if f, err := os.Open(fifo); err == nil {
+			_, _ = io.Copy(io.Discard, f)
+			f.Close()
+		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stasis-ckpt/stasis/gdswriter"
+	"golang.org/x/sys/unix"
 )
 
 // An export is one tar stream (docs/format.md, "Export streams"): the
@@ -49,8 +50,36 @@ type TransferOptions struct {
 // data file against its chunk's CRC32C. A failed check stops the export
 // with an error that wraps gdswriter.ErrCorrupt or ErrBadManifest; what was
 // written before it is not a valid stream (it lacks the end marker).
+//
+// The checkpoint's directory is opened once and its files relative to it,
+// so a removal (its rename into trash/) does not disturb a running
+// export; if files the export has not opened yet are deleted meanwhile,
+// it fails with an error wrapping ErrNotFound.
 func (s *Store) Export(ctx context.Context, id string, w io.Writer, o TransferOptions) (*Manifest, error) {
-	m, manifest, err := s.readManifestFile(id)
+	if _, err := uuid.Parse(id); err != nil {
+		return nil, fmt.Errorf("%w: %q is not a checkpoint ID", ErrNotFound, id)
+	}
+	dir, err := os.Open(s.CheckpointDir(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	mf, err := s.openForExport(dir, id, manifestName)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s has no manifest", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	manifest, err := io.ReadAll(io.LimitReader(mf, maxManifestSize+tarBlock))
+	mf.Close()
+	if err != nil {
+		return nil, err
+	}
+	m, manifest, err := checkManifestFile(id, filepath.Join(s.CheckpointDir(id), manifestName), manifest)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +100,7 @@ func (s *Store) Export(ctx context.Context, id string, w io.Writer, o TransferOp
 		if err := tw.WriteHeader(header(f.Name, f.Size)); err != nil {
 			return nil, err
 		}
-		if err := s.exportData(ctx, m, f, tw, o.Progress); err != nil {
+		if err := s.exportData(ctx, dir, m, f, tw, o.Progress); err != nil {
 			return nil, err
 		}
 	}
@@ -100,11 +129,14 @@ func maxExtent(f DataFile) int64 {
 
 // exportData copies data file f of a complete checkpoint to w, extent by
 // extent, checking each against its chunk's stored CRC.
-func (s *Store) exportData(ctx context.Context, m *Manifest, f DataFile, w io.Writer, progress func(int64)) error {
+func (s *Store) exportData(ctx context.Context, dir *os.File, m *Manifest, f DataFile, w io.Writer, progress func(int64)) error {
 	name := filepath.Join(s.CheckpointDir(m.ID), f.Name)
-	file, err := os.Open(name)
-	if err != nil {
+	file, err := s.openForExport(dir, m.ID, f.Name)
+	if errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("%w: data file %s: %v", gdswriter.ErrCorrupt, name, err)
+	}
+	if err != nil {
+		return err
 	}
 	defer file.Close()
 	if st, err := file.Stat(); err != nil || st.Size() != f.Size {
@@ -131,6 +163,27 @@ func (s *Store) exportData(ctx context.Context, m *Manifest, f DataFile, w io.Wr
 		}
 	}
 	return nil
+}
+
+// openForExport opens name in checkpoint id's directory dir. A file that
+// is missing because the checkpoint was removed since dir was opened (dir
+// is no longer checkpoints/<id>) is reported as removed, wrapping
+// ErrNotFound; one missing from a checkpoint still in place wraps
+// os.ErrNotExist.
+func (s *Store) openForExport(dir *os.File, id, name string) (*os.File, error) {
+	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err == nil {
+		return os.NewFile(uintptr(fd), filepath.Join(s.CheckpointDir(id), name)), nil
+	}
+	if !errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("open %s: %w", filepath.Join(s.CheckpointDir(id), name), err)
+	}
+	held, herr := dir.Stat()
+	here, serr := os.Stat(s.CheckpointDir(id))
+	if herr == nil && serr == nil && os.SameFile(held, here) {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(s.CheckpointDir(id), name), os.ErrNotExist)
+	}
+	return nil, fmt.Errorf("%w: %s was removed during the export", ErrNotFound, id)
 }
 
 // Import reads an export stream from r and adds its checkpoint to the
@@ -280,13 +333,7 @@ func importData(ctx context.Context, tr io.Reader, f DataFile, path string, o Tr
 			err = cerr
 		}
 	}()
-	workers := o.Workers
-	if workers <= 0 {
-		workers = gdswriter.DefaultWorkers()
-	}
-	workers = max(1, min(workers, len(f.Chunks)))
-	// Each buffer holds an extent and room to decode it.
-	size := maxExtent(f) + f.ChunkSize
+	workers, size := importBuffers(f, o.Workers)
 	free := make(chan []byte, workers+1)
 	for range workers + 1 {
 		free <- make([]byte, size)
@@ -354,6 +401,32 @@ func importData(ctx context.Context, tr io.Reader, f DataFile, path string, o Tr
 		return fmt.Errorf("fsync %s: %w", path, err)
 	}
 	return nil
+}
+
+// importMemory bounds the buffers of one data file's import: a manifest
+// may declare chunks of up to gdswriter.MaxChunkSize, and fewer workers
+// verify them rather than one such pair of buffers each.
+const importMemory = 1 << 30
+
+// importBuffers says how many workers verify f's chunks during an import
+// (asked, or gdswriter.DefaultWorkers() when 0), each with a buffer of
+// size bytes, and one more buffer being read into. A buffer holds the
+// largest extent and the largest decoded chunk that f's chunk table
+// declares (which ValidateChunks bounds by the chunk size, itself at most
+// gdswriter.MaxChunkSize), not chunk_size: a manifest cannot make import
+// allocate more than its chunks need, nor, with several workers, more
+// than importMemory, past which fewer workers run (at least one).
+func importBuffers(f DataFile, asked int) (workers int, size int64) {
+	if asked <= 0 {
+		asked = gdswriter.DefaultWorkers()
+	}
+	var raw int64
+	for _, c := range f.Chunks {
+		raw = max(raw, c.Raw)
+	}
+	size = maxExtent(f) + raw
+	workers = max(1, min(asked, len(f.Chunks), int(importMemory/size)-1))
+	return workers, size
 }
 
 // countingReader counts the bytes read through it.

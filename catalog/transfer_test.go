@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -404,3 +405,104 @@ func TestImportKilled(t *testing.T) {
 }
 
 func regexpMatch(pattern, s string) bool { return regexp.MustCompile(pattern).MatchString(s) }
+
+// actAfter is a writer that calls act once, when more than n bytes have
+// been written to it.
+type actAfter struct {
+	bytes.Buffer
+	n   int
+	act func()
+}
+
+func (w *actAfter) Write(p []byte) (int, error) {
+	n, err := w.Buffer.Write(p)
+	if w.act != nil && w.Len() > w.n {
+		w.act()
+		w.act = nil
+	}
+	return n, err
+}
+
+// TestExportDuringRemoval removes the checkpoint while its first data
+// file is being exported: moved into trash/ only, the export goes on and
+// its stream imports; deleted, the export fails as not found, not as
+// corrupt.
+func TestExportDuringRemoval(t *testing.T) {
+	t.Run("moved", func(t *testing.T) {
+		a, b := mustStore(t), mustStore(t)
+		rec := commitTwoFiles(t, a, "moved")
+		w := &actAfter{n: 2 * tarBlock, act: func() {
+			// Remove's rename, before it deletes anything.
+			if err := os.Rename(a.CheckpointDir(rec.ID), a.path(trashDir, rec.ID)); err != nil {
+				t.Fatal(err)
+			}
+		}}
+		if _, err := a.Export(context.Background(), rec.ID, w, TransferOptions{}); err != nil {
+			t.Fatalf("export of a checkpoint moved into trash/ during it: %v", err)
+		}
+		if w.act != nil {
+			t.Fatal("the checkpoint was not moved during the export")
+		}
+		if _, err := importBytes(b, w.Bytes()); err != nil {
+			t.Fatalf("import of that export: %v", err)
+		}
+	})
+	t.Run("deleted", func(t *testing.T) {
+		s := mustStore(t)
+		rec := commitTwoFiles(t, s, "deleted")
+		w := &actAfter{n: 2 * tarBlock, act: func() {
+			if err := s.Remove(rec.ID); err != nil {
+				t.Fatal(err)
+			}
+		}}
+		_, err := s.Export(context.Background(), rec.ID, w, TransferOptions{})
+		if !errors.Is(err, ErrNotFound) || errors.Is(err, gdswriter.ErrCorrupt) || !strings.Contains(err.Error(), "removed during the export") {
+			t.Fatalf("export of a checkpoint removed during it: %v, want not found", err)
+		}
+	})
+}
+
+// TestImportBuffersBounded: what an import allocates to verify chunks
+// follows the chunks a manifest declares, not its chunk_size, and stays
+// within importMemory however many workers are asked for.
+func TestImportBuffersBounded(t *testing.T) {
+	big := int64(gdswriter.MaxChunkSize)
+	chunks := make([]gdswriter.Chunk, 8)
+	for i := range chunks {
+		chunks[i] = gdswriter.Chunk{Offset: int64(i) * big, Stored: big, Raw: big, Codec: gdswriter.CodecRaw}
+	}
+	workers, size := importBuffers(DataFile{ChunkSize: big, Chunks: chunks}, 64)
+	if workers < 1 || int64(workers+1)*size > importMemory+size {
+		t.Errorf("%d workers with buffers of %d bytes for 256 MiB chunks, over %d", workers, size, importMemory)
+	}
+
+	// A real stream whose manifest declares the largest chunk size for
+	// one small chunk.
+	a, b := mustStore(t), mustStore(t)
+	rec := mustCommit(t, a, "huge", 1, 10000)
+	m, err := a.ReadManifest(rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Files[0].ChunkSize = big
+	data, err := m.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(a.CheckpointDir(rec.ID), manifestName), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, size := importBuffers(m.Files[0], 16); size > 64<<10 {
+		t.Errorf("buffers of %d bytes for a chunk of 10000 bytes", size)
+	}
+	stream := exportBytes(t, a, rec.ID)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if _, err := b.Import(context.Background(), bytes.NewReader(stream), TransferOptions{Workers: 16}); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > 64<<20 {
+		t.Errorf("importing %d bytes allocated %d bytes", len(stream), n)
+	}
+}

@@ -140,7 +140,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	// files are found in the cache at the cost of a stat each.
 	hasher := NewHasher(s.CacheDir("sha256"))
 	hashStart := time.Now()
-	mapped, _ := usedFiles(tree)
+	mapped, _, _ := usedFiles(tree)
 	hasher.Describe(mapped)
 	hashTime := time.Since(hashStart)
 	var gpu *gpuSession
@@ -264,6 +264,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 
 	var imagesDone time.Time
 	var frozenFiles []string
+	var frozenShared map[string]bool
 	hooks := criu.Hooks{
 		// The tree is frozen and its images complete: store and commit
 		// them now (in fast mode: after the job resumes). An error here
@@ -272,11 +273,12 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			imagesDone = time.Now()
 			// What the tree uses as it was dumped; their hashes come
 			// with the commit, from the cache filled before the freeze.
-			frozenFiles, meta.Mounts = usedFiles(tree)
+			frozenFiles, frozenShared, meta.Mounts = usedFiles(tree)
 			if o.Fast {
 				return nil
 			}
 			meta.MappedFiles = hasher.Describe(frozenFiles)
+			MarkSharedWritable(meta.MappedFiles, frozenShared)
 			if err := finishFollowing(); err != nil {
 				return err
 			}
@@ -337,6 +339,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		// images are complete even if the GPU side could not resume).
 		storeStart := time.Now()
 		meta.MappedFiles = hasher.Describe(frozenFiles)
+		MarkSharedWritable(meta.MappedFiles, frozenShared)
 		rec, err := commit(pending, packer, images, work, meta)
 		if err != nil {
 			packer.Abort()

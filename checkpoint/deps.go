@@ -29,6 +29,31 @@ type MappedFile struct {
 	// SHA256 is the file's hash in hex; empty when stasis could not read
 	// the file (then a restore compares the size only).
 	SHA256 string `json:"sha256,omitempty"`
+	// SharedWritable is set when a process maps the file shared and
+	// writable (a NumPy memmap, SQLite's -shm): the job itself changes
+	// it as it runs, so a restore only warns when it differs.
+	SharedWritable bool `json:"shared_writable,omitempty"`
+}
+
+// MarkSharedWritable sets SharedWritable on the files named in shared.
+func MarkSharedWritable(files []MappedFile, shared map[string]bool) {
+	for i := range files {
+		files[i].SharedWritable = shared[files[i].Path]
+	}
+}
+
+// PseudoFS says whether fsType is a kernel's view of itself (proc, sysfs,
+// devtmpfs, devpts, cgroups, ...) rather than a file system that holds a
+// job's files. A restore does not compare such mounts: the same paths are
+// there on any Linux machine, and a container's /dev is a tmpfs where a
+// host's is devtmpfs. tmpfs is a real mount (/dev/shm holds files).
+func PseudoFS(fsType string) bool {
+	switch fsType {
+	case "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "mqueue", "debugfs", "tracefs",
+		"securityfs", "pstore", "bpf", "configfs", "fusectl", "binfmt_misc", "nsfs", "efivarfs", "autofs", "rpc_pipefs":
+		return true
+	}
+	return false
 }
 
 // Mount is a mount the tree uses: the one under its working directory,
@@ -40,28 +65,42 @@ type Mount struct {
 }
 
 // usedFiles reads /proc for what the tree's processes use: the regular
-// files they run or map (sorted, each once), and the mounts that hold
-// those files, their working directories and roots, and their open files.
-// Processes that ended meanwhile are skipped.
-func usedFiles(tree []Process) ([]string, []Mount) {
+// files they run or map (sorted, each once), those of them mapped shared
+// and writable, and the mounts that hold those files, their working
+// directories and roots, and their open files. Only regular files and
+// directories count for mounts (not devices such as /dev/null, pipes,
+// sockets or anonymous inodes), and pseudo file systems (PseudoFS) are
+// left out. Processes that ended meanwhile are skipped.
+func usedFiles(tree []Process) (paths []string, shared map[string]bool, mounts []Mount) {
 	files := map[string]bool{}
-	mounts := map[string]Mount{}
+	shared = map[string]bool{}
+	byPoint := map[string]Mount{}
 	for _, p := range tree {
 		dir := filepath.Join("/proc", strconv.Itoa(p.PID))
-		mapped := mappedPaths(p.PID)
-		if exe, err := os.Readlink(filepath.Join(dir, "exe")); err == nil && usablePath(exe) {
-			mapped = append(mapped, exe)
+		// used maps a path to what to stat for its type (the fd's link
+		// for an open file: the file it has open, wherever it is now).
+		used := map[string]string{}
+		var mapped []string
+		for _, m := range mappedPaths(p.PID) {
+			mapped = append(mapped, m.path)
+			used[m.path] = m.path
+			if m.sharedWritable {
+				shared[m.path] = true
+			}
 		}
-		used := slices.Clone(mapped)
-		for _, link := range []string{"cwd", "root"} {
+		for _, link := range []string{"exe", "cwd", "root"} {
 			if target, err := os.Readlink(filepath.Join(dir, link)); err == nil && usablePath(target) {
-				used = append(used, target)
+				used[target] = filepath.Join(dir, link)
+				if link == "exe" {
+					mapped = append(mapped, target)
+				}
 			}
 		}
 		if fds, err := os.ReadDir(filepath.Join(dir, "fd")); err == nil {
 			for _, fd := range fds {
-				if target, err := os.Readlink(filepath.Join(dir, "fd", fd.Name())); err == nil && usablePath(target) {
-					used = append(used, target)
+				link := filepath.Join(dir, "fd", fd.Name())
+				if target, err := os.Readlink(link); err == nil && usablePath(target) {
+					used[target] = link
 				}
 			}
 		}
@@ -71,23 +110,31 @@ func usedFiles(tree []Process) ([]string, []Mount) {
 			}
 		}
 		table := readMountinfo(filepath.Join(dir, "mountinfo"))
-		for _, path := range used {
-			if m, ok := mountOf(table, path); ok {
-				mounts[m.MountPoint] = m
+		for path, statPath := range used {
+			if st, err := os.Stat(statPath); err != nil || !st.Mode().IsRegular() && !st.IsDir() {
+				continue
+			}
+			if m, ok := mountOf(table, path); ok && !PseudoFS(m.FSType) {
+				byPoint[m.MountPoint] = m
 			}
 		}
 	}
-	paths := make([]string, 0, len(files))
+	paths = make([]string, 0, len(files))
 	for path := range files {
 		paths = append(paths, path)
 	}
 	slices.Sort(paths)
-	out := make([]Mount, 0, len(mounts))
-	for _, m := range mounts {
-		out = append(out, m)
+	for path := range shared {
+		if !files[path] {
+			delete(shared, path)
+		}
 	}
-	slices.SortFunc(out, func(a, b Mount) int { return strings.Compare(a.MountPoint, b.MountPoint) })
-	return paths, out
+	mounts = make([]Mount, 0, len(byPoint))
+	for _, m := range byPoint {
+		mounts = append(mounts, m)
+	}
+	slices.SortFunc(mounts, func(a, b Mount) int { return strings.Compare(a.MountPoint, b.MountPoint) })
+	return paths, shared, mounts
 }
 
 // usablePath keeps paths of files that exist: absolute, not deleted, not
@@ -96,14 +143,19 @@ func usablePath(p string) bool {
 	return strings.HasPrefix(p, "/") && !strings.HasSuffix(p, " (deleted)") && !strings.HasPrefix(p, "/memfd:")
 }
 
+type mapping struct {
+	path           string
+	sharedWritable bool // perms rw-s
+}
+
 // mappedPaths lists the files mapped into pid, from /proc/PID/maps.
-func mappedPaths(pid int) []string {
+func mappedPaths(pid int) []mapping {
 	f, err := os.Open(filepath.Join("/proc", strconv.Itoa(pid), "maps"))
 	if err != nil {
 		return nil
 	}
 	defer f.Close()
-	var paths []string
+	var paths []mapping
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// address perms offset dev inode path (the path may hold spaces)
@@ -112,7 +164,8 @@ func mappedPaths(pid int) []string {
 			continue
 		}
 		if path := strings.TrimLeft(fields[5], " "); usablePath(path) {
-			paths = append(paths, path)
+			perms := fields[1]
+			paths = append(paths, mapping{path: path, sharedWritable: len(perms) == 4 && perms[1] == 'w' && perms[3] == 's'})
 		}
 	}
 	return paths

@@ -45,10 +45,10 @@ func BenchmarkHasher(b *testing.B) {
 			b.Fatal(err)
 		}
 		h := NewHasher(b.TempDir())
-		paths, _ := usedFiles(tree[:1])
+		paths, _, _ := usedFiles(tree[:1])
 		h.Describe(paths)
 		for b.Loop() {
-			paths, _ := usedFiles(tree[:1])
+			paths, _, _ := usedFiles(tree[:1])
 			h.Describe(paths)
 		}
 	})

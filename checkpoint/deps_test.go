@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestUsedFiles(t *testing.T) {
@@ -26,7 +28,46 @@ func TestUsedFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	files, mounts := usedFiles(tree[:1])
+	// A device (as /dev/null is every `stasis run` job's stdin), a pipe
+	// and a shared writable mapping (a NumPy memmap).
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	memmap := filepath.Join(dir, "memmap")
+	if err := os.WriteFile(memmap, make([]byte, 8192), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mf, err := os.OpenFile(memmap, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mf.Close()
+	region, err := unix.Mmap(int(mf.Fd()), 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(region)
+	tree, err = Tree(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, shared, mounts := usedFiles(tree[:1])
+	if !shared[memmap] || shared[self] {
+		t.Errorf("shared writable mappings %v, want %s and not %s", shared, memmap, self)
+	}
+	for _, m := range mounts {
+		if PseudoFS(m.FSType) || m.MountPoint == "/dev" {
+			t.Errorf("mount %+v recorded (the tree has /dev/null and a pipe open)", m)
+		}
+	}
 	if !slices.Contains(files, self) {
 		t.Errorf("the test binary %s is not among the files it maps: %v", self, files)
 	}

@@ -125,6 +125,12 @@ func TestRestoreChecksTheMachine(t *testing.T) {
 	if len(show.Meta.Mounts) == 0 || show.Meta.Mounts[0].MountPoint != "/" {
 		t.Fatalf("mounts: %+v", show.Meta.Mounts)
 	}
+	// The job's stdio are /dev/null: devices do not count as mounts used.
+	for _, m := range show.Meta.Mounts {
+		if m.MountPoint == "/dev" || m.FSType == "devtmpfs" || m.FSType == "proc" {
+			t.Errorf("mount %+v recorded for a device or a pseudo file system", m)
+		}
+	}
 
 	// As if made on a machine with another libc, another loader, a
 	// Python this one lacks, and another kernel.
@@ -143,10 +149,14 @@ func TestRestoreChecksTheMachine(t *testing.T) {
 			}
 			kept = append(kept, f)
 		}
-		meta["mapped_files"] = append(kept, map[string]any{"path": gone, "size": 4096, "sha256": strings.Repeat("ab", 32)})
+		meta["mapped_files"] = append(kept, map[string]any{"path": gone, "size": 4096, "sha256": strings.Repeat("ab", 32)},
+			// a memmap the job wrote since
+			map[string]any{"path": out, "size": 1, "sha256": strings.Repeat("0", 64), "shared_writable": true})
 		mounts := meta["mounts"].([]any)
 		mounts[0].(map[string]any)["source"] = "/dev/elsewhere"
-		meta["mounts"] = append(mounts, map[string]any{"mount_point": "/data-gone", "fs_type": "nfs4", "source": "server:/export"})
+		meta["mounts"] = append(mounts, map[string]any{"mount_point": "/data-gone", "fs_type": "nfs4", "source": "server:/export"},
+			// as an older stasis recorded /dev/pts of a job with a terminal open, in a container that had it elsewhere
+			map[string]any{"mount_point": "/dev/pts", "fs_type": "devtmpfs", "source": "udev"})
 	})
 	mismatches := []string{
 		regexp.QuoteMeta(loader) + ` differs: \d+ bytes here, \d+ in the checkpoint`,
@@ -159,14 +169,15 @@ func TestRestoreChecksTheMachine(t *testing.T) {
 	}
 	kernel := `kernel: the checkpoint was made on Linux 2\.6\.32-elsewhere, this machine runs `
 	source := `mount / is mounted from \S+ here, from /dev/elsewhere in the checkpoint`
-	expectMismatches(t, run(t, home, "restore", id), mismatches, []string{kernel, source})
+	memmap := regexp.QuoteMeta(out) + ` differs from the checkpoint's \(\d+ bytes here, 1 there\); the tree mapped it shared and writable`
+	expectMismatches(t, run(t, home, "restore", id), mismatches, []string{kernel, memmap, source})
 	if alive(pid) {
 		t.Fatal("a refused restore ran CRIU")
 	}
 
 	atDump := len(counts(t, out))
 	r := mustRun(t, home, "restore", "--force", id)
-	for _, p := range append(mismatches, kernel, source) {
+	for _, p := range append(mismatches, kernel, memmap, source) {
 		if !regexp.MustCompile(`(?m)^stasis: warning: ` + p).MatchString(r.stderr) {
 			t.Errorf("--force did not warn %q:\n%s", p, r.stderr)
 		}
