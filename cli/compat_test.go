@@ -154,6 +154,7 @@ func TestRestoreChecksTheMachine(t *testing.T) {
 			map[string]any{"path": out, "size": 1, "sha256": strings.Repeat("0", 64), "shared_writable": true})
 		mounts := meta["mounts"].([]any)
 		mounts[0].(map[string]any)["source"] = "/dev/elsewhere"
+		mounts[0].(map[string]any)["fs_type"] = "overlay-elsewhere" // a container's / after a host's
 		meta["mounts"] = append(mounts, map[string]any{"mount_point": "/data-gone", "fs_type": "nfs4", "source": "server:/export"},
 			// as an older stasis recorded /dev/pts of a job with a terminal open, in a container that had it elsewhere
 			map[string]any{"mount_point": "/dev/pts", "fs_type": "devtmpfs", "source": "udev"})
@@ -169,15 +170,16 @@ func TestRestoreChecksTheMachine(t *testing.T) {
 	}
 	kernel := `kernel: the checkpoint was made on Linux 2\.6\.32-elsewhere, this machine runs `
 	source := `mount / is mounted from \S+ here, from /dev/elsewhere in the checkpoint`
+	fsType := `mount / is \S+ here, overlay-elsewhere in the checkpoint`
 	memmap := regexp.QuoteMeta(out) + ` differs from the checkpoint's \(\d+ bytes here, 1 there\); the tree mapped it shared and writable`
-	expectMismatches(t, run(t, home, "restore", id), mismatches, []string{kernel, memmap, source})
+	expectMismatches(t, run(t, home, "restore", id), mismatches, []string{kernel, memmap, fsType, source})
 	if alive(pid) {
 		t.Fatal("a refused restore ran CRIU")
 	}
 
 	atDump := len(counts(t, out))
 	r := mustRun(t, home, "restore", "--force", id)
-	for _, p := range append(mismatches, kernel, memmap, source) {
+	for _, p := range append(mismatches, kernel, memmap, fsType, source) {
 		if !regexp.MustCompile(`(?m)^stasis: warning: ` + p).MatchString(r.stderr) {
 			t.Errorf("--force did not warn %q:\n%s", p, r.stderr)
 		}
