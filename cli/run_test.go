@@ -676,3 +676,48 @@ func TestHooksOfCheckpointAndRestoreSeeTheirEnvironment(t *testing.T) {
 		}
 	}
 }
+
+// TestRunPreemptedWhileRestoring: the preemption signal comes while the
+// job is being restored (its post_restore hook sends it, after leaving 40
+// short-lived orphans to stasis run, a SIGCHLD each, and ends 3s later);
+// it is not lost among the SIGCHLDs: once the job runs it is checkpointed
+// again, with the grace counted from the signal's arrival, not from the
+// end of the hook.
+func TestRunPreemptedWhileRestoring(t *testing.T) {
+	requireCRIU(t)
+	home, out, hookOut := t.TempDir(), filepath.Join(t.TempDir(), "count"), t.TempDir()
+	t.Setenv("HOOK_OUT", hookOut)
+	args := []string{"--job", "busy", "--mode", "process", "--grace", "60s", "--", "testdata/counter.sh", out}
+	preemptCounter(t, home, "busy", out, args)
+	hook, err := filepath.Abs("testdata/busy_post_restore.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRun(t, home, append([]string{"--post-restore", hook}, args...)...)
+	res := r.wait(t)
+	expectExit(t, res, cli.ExitPreempted)
+	if recs := list(t, home); len(recs) != 2 {
+		t.Fatalf("listed: %+v", recs)
+	}
+	m := regexp.MustCompile(`SIGUSR1: checkpointing job "busy" \(process mode, grace until (\S+)\)`).FindStringSubmatch(res.stderr)
+	if m == nil {
+		t.Fatalf("stderr does not say the job was checkpointed:\n%s", res.stderr)
+	}
+	deadline, err := time.Parse(time.RFC3339, m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(hookOut, "sent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Counted from the end of the hook (3s after the signal), the
+	// deadline would be at least sent+62.
+	if got, most := deadline.Unix(), sent+61; got > most {
+		t.Errorf("grace until %s (%d), counted from later than the signal's arrival (sent at %d)", m[1], got, sent)
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
-	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
@@ -189,13 +188,11 @@ func Run(ctx context.Context, s *catalog.Store, o RunOptions) (*Outcome, error) 
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return nil, fmt.Errorf("become a subreaper: %w", err)
 	}
-	sigs := make(chan os.Signal, 32)
-	notify := []os.Signal{syscall.SIGCHLD}
-	for _, sig := range forwarded {
-		notify = append(notify, sig)
-	}
-	signal.Notify(sigs, notify...)
-	defer signal.Stop(sigs)
+	// Signals are read from now on, while the job starts too: one that
+	// comes during a restore is acted on once the job runs, its grace
+	// counted from its arrival.
+	sigs := listenSignals(forwarded)
+	defer sigs.stop()
 
 	sv.state = runState{PID: os.Getpid(), Job: o.Job, Mode: o.Mode, Signal: SignalName(o.Signals[0]), State: "starting"}
 	sv.files.writeState(sv.state)
@@ -378,13 +375,22 @@ func (sv *supervisor) jobEnv(resume *catalog.Record) []string {
 
 // loop handles signals, checkpoint attempts, the grace period and the
 // job's end, until the job has ended and nothing is under way.
-func (sv *supervisor) loop(ctx context.Context, sigs <-chan os.Signal) {
+func (sv *supervisor) loop(ctx context.Context, sigs *signalQueue) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	for {
+	for first := true; ; first = false {
+		if first {
+			// What came while the job was starting.
+			for _, a := range sigs.take() {
+				sv.onSignal(ctx, a)
+			}
+		}
 		select {
-		case sig := <-sigs:
-			sv.onSignal(ctx, sig.(syscall.Signal))
+		case <-sigs.wake:
+			for _, a := range sigs.take() {
+				sv.onSignal(ctx, a)
+			}
+		case <-sigs.chld:
 		case r := <-sv.results:
 			sv.onResult(ctx, r)
 		case <-tick.C:
@@ -417,10 +423,9 @@ func (sv *supervisor) isPreemption(sig syscall.Signal) bool {
 	return false
 }
 
-func (sv *supervisor) onSignal(ctx context.Context, sig syscall.Signal) {
-	name := SignalName(sig)
+func (sv *supervisor) onSignal(ctx context.Context, a arrival) {
+	sig, name := a.sig, SignalName(a.sig)
 	switch {
-	case sig == syscall.SIGCHLD:
 	case !sv.isPreemption(sig):
 		if sv.exited {
 			return
@@ -441,7 +446,7 @@ func (sv *supervisor) onSignal(ctx context.Context, sig syscall.Signal) {
 		sv.logf("SIG%s during the checkpoint under way: ignored", name)
 	default:
 		if sv.preempted.IsZero() {
-			sv.preempted = time.Now()
+			sv.preempted = a.at
 			sv.deadline = sv.preempted.Add(sv.o.Grace)
 		}
 		sv.logf("SIG%s: checkpointing job %q (%s mode, grace until %s)", name, sv.o.Job, sv.o.Mode, sv.deadline.Format(time.RFC3339))
