@@ -721,3 +721,27 @@ func TestRunPreemptedWhileRestoring(t *testing.T) {
 		t.Errorf("grace until %s (%d), counted from later than the signal's arrival (sent at %d)", m[1], got, sent)
 	}
 }
+
+// TestRunFallbackYieldsToALateAcknowledgement: the job takes up the notice
+// only while the fallback's pre_checkpoint hook runs; it is not frozen, and
+// its own save is the checkpoint.
+func TestRunFallbackYieldsToALateAcknowledgement(t *testing.T) {
+	home, hookOut := t.TempDir(), t.TempDir()
+	t.Setenv("HOOK_OUT", hookOut)
+	hook, err := filepath.Abs("testdata/fallback_pre_hook.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRun(t, home, "--job", "late", "--grace", "60s", "--fallback", "process", "--fallback-after", "300ms", "--pre-checkpoint", hook, "--", "testdata/late_ack.sh")
+	waitJobState(t, home, "late", jobRunning)
+	r.signal(t, syscall.SIGUSR1)
+	res := r.wait(t)
+	expectExit(t, res, cli.ExitPreempted)
+	recs := list(t, home)
+	if len(recs) != 1 || recs[0].Kind != "files" || recs[0].Step != 7 {
+		t.Fatalf("listed: %+v", recs)
+	}
+	if !strings.Contains(res.stderr, "the job took up the notice before its process checkpoint: waiting for its own checkpoint instead") {
+		t.Errorf("stderr: %s", res.stderr)
+	}
+}

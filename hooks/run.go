@@ -142,6 +142,7 @@ type supervisor struct {
 	noticeOut    bool            // app: the notice is written
 	before       map[string]bool // the job's checkpoints when the attempt began
 	fellBack     bool
+	appBefore    map[string]bool // the job's checkpoints before the notice, once fallen back
 	committed    *catalog.Record
 	lastFailure  string
 	held         []os.Signal // forwarded signals held during a checkpoint
@@ -177,7 +178,7 @@ func Run(ctx context.Context, s *catalog.Store, o RunOptions) (*Outcome, error) 
 		return nil, err
 	}
 	defer sv.files.release(pidFile)
-	for _, p := range []string{sv.files.notice(), sv.files.ack()} {
+	for _, p := range []string{sv.files.notice(), sv.files.ack(), sv.files.withdrawnNotice()} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, err
 		}
@@ -480,8 +481,15 @@ func (sv *supervisor) begin(ctx context.Context, mode Mode, sig syscall.Signal) 
 		if sv.relay != nil {
 			o.Tags = sv.relay.tags
 		}
+		var check func() error
+		if sv.fellBack {
+			// The job may take up the notice while the pre_checkpoint
+			// hook runs: then it is saving itself, and is not frozen.
+			appBefore := sv.appBefore
+			check = func() error { return sv.jobAnswered(appBefore) }
+		}
 		go func() {
-			res, err := Checkpoint(actx, sv.s, o, sv.o.Scripts, sv.o.Log)
+			res, err := checkpointWithCheck(actx, sv.s, o, sv.o.Scripts, sv.o.Log, check)
 			r := attemptResult{mode: mode, err: err}
 			if res != nil {
 				r.record = res.Record
@@ -536,10 +544,53 @@ func writeNotice(path string, sig syscall.Signal, deadline time.Time) error {
 	return writeAtomic(path, append(data, '\n'))
 }
 
+// errJobAnswered ends a fallback process checkpoint before the dump: the
+// job has taken up the notice, or committed, after all.
+var errJobAnswered = errors.New("the job has taken up the notice")
+
+func (sv *supervisor) acked() bool {
+	_, err := os.Stat(sv.files.ack())
+	return err == nil
+}
+
+// jobAnswered is the fallback's last check: errJobAnswered when the job
+// has acknowledged the notice or committed a checkpoint not listed in
+// appBefore.
+func (sv *supervisor) jobAnswered(appBefore map[string]bool) error {
+	if sv.acked() {
+		return errJobAnswered
+	}
+	if recs, err := sv.s.List(catalog.Filter{Job: sv.o.Job}); err == nil {
+		for _, r := range recs {
+			if !appBefore[r.ID] {
+				return errJobAnswered
+			}
+		}
+	}
+	return nil
+}
+
+// restoreNotice puts the withdrawn notice back for the job.
+func (sv *supervisor) restoreNotice() {
+	if err := os.Rename(sv.files.withdrawnNotice(), sv.files.notice()); err != nil {
+		sv.logf("cannot put the notice back: %v", err)
+	}
+}
+
 func (sv *supervisor) onResult(ctx context.Context, r attemptResult) {
 	if r.mode == ModeApp && r.notified {
 		sv.noticeOut, sv.before = true, r.before
 		sv.logf("notice written to %s; waiting for the job's checkpoint", sv.files.notice())
+		return
+	}
+	if r.mode == ModeProcess && errors.Is(r.err, errJobAnswered) {
+		// Back to the app save, which the job has begun: wait for it
+		// as before, up to the grace.
+		sv.inFlight.cancel()
+		sv.restoreNotice()
+		sv.before = sv.appBefore
+		sv.inFlight = &attempt{mode: ModeApp, cancel: func() {}}
+		sv.logf("the job took up the notice before its process checkpoint: waiting for its own checkpoint instead")
 		return
 	}
 	sv.inFlight.cancel()
@@ -622,12 +673,20 @@ func (sv *supervisor) watch(ctx context.Context) {
 			sv.inFlight = nil
 			return
 		}
-		if sv.o.Fallback == ModeProcess && !sv.fellBack && now.After(sv.preempted.Add(sv.o.FallbackAfter)) {
-			if _, err := os.Stat(sv.files.ack()); err != nil {
+		if sv.o.Fallback == ModeProcess && !sv.fellBack && now.After(sv.preempted.Add(sv.o.FallbackAfter)) && !sv.acked() {
+			// The notice is taken out of the job's sight first, so that a
+			// job resumed from the process checkpoint cannot act on it;
+			// an acknowledgement that came meanwhile keeps the app save.
+			if err := os.Rename(sv.files.notice(), sv.files.withdrawnNotice()); err != nil {
+				sv.logf("cannot withdraw the notice for the fallback: %v", err)
+			} else if sv.acked() {
+				sv.restoreNotice()
+			} else {
 				sv.fellBack = true
 				sv.logf("the job has not taken up the notice after %s: process checkpoint instead", sv.o.FallbackAfter)
 				sv.inFlight.cancel()
 				sv.inFlight = nil
+				sv.appBefore = sv.before
 				sv.begin(ctx, ModeProcess, sv.o.Signals[0])
 				return
 			}
