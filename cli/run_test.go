@@ -745,3 +745,27 @@ func TestRunFallbackYieldsToALateAcknowledgement(t *testing.T) {
 		t.Errorf("stderr: %s", res.stderr)
 	}
 }
+
+// TestRunAppModeIgnoresACheckpointCreatedBeforeTheNotice: a checkpoint of
+// the job that appears after the notice but was created before it (here
+// imported) is not the job's answer: no checkpoint within the grace, 124.
+func TestRunAppModeIgnoresACheckpointCreatedBeforeTheNotice(t *testing.T) {
+	old, home, tmp := t.TempDir(), t.TempDir(), t.TempDir()
+	data, export := filepath.Join(tmp, "data"), filepath.Join(tmp, "old.tar")
+	if err := os.WriteFile(data, []byte("weights\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, old, "save", "--job", "stale", "--step", "3", data)
+	mustRun(t, old, "export", "--job", "stale", "--latest", "-o", export)
+	r := startRun(t, home, "--job", "stale", "--grace", "3s", "--kill-after", "200ms", "--", "testdata/import_on_notice.sh", export)
+	waitJobState(t, home, "stale", jobRunning)
+	r.signal(t, syscall.SIGUSR1)
+	res := r.wait(t)
+	expectExit(t, res, cli.ExitNoCheckpoint)
+	if recs := list(t, home); len(recs) != 1 || recs[0].Step != 3 {
+		t.Fatalf("the job did not import its old checkpoint: %+v", recs)
+	}
+	if strings.Contains(res.stderr, "committed") {
+		t.Fatalf("stasis run took the old checkpoint for the job's answer:\n%s", res.stderr)
+	}
+}

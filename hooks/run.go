@@ -119,6 +119,7 @@ type attemptResult struct {
 	err      error
 	notified bool
 	before   map[string]bool // app: the job's checkpoints before the notice
+	since    time.Time       // app: when the notice was written
 }
 
 type supervisor struct {
@@ -141,8 +142,10 @@ type supervisor struct {
 	results      chan attemptResult
 	noticeOut    bool            // app: the notice is written
 	before       map[string]bool // the job's checkpoints when the attempt began
+	since        time.Time       // when the attempt began (app: the notice)
 	fellBack     bool
 	appBefore    map[string]bool // the job's checkpoints before the notice, once fallen back
+	appSince     time.Time       // when the notice was written, once fallen back
 	committed    *catalog.Record
 	lastFailure  string
 	held         []os.Signal // forwarded signals held during a checkpoint
@@ -472,7 +475,7 @@ func (sv *supervisor) begin(ctx context.Context, mode Mode, sig syscall.Signal) 
 	if mode == ModeProcess {
 		// CRIU may fail after the commit: the checkpoint is then listed
 		// all the same (newCheckpoint).
-		sv.before = nil
+		sv.before, sv.since = nil, time.Now()
 		if ids, err := sv.checkpointIDs(); err == nil {
 			sv.before = ids
 		}
@@ -485,8 +488,8 @@ func (sv *supervisor) begin(ctx context.Context, mode Mode, sig syscall.Signal) 
 		if sv.fellBack {
 			// The job may take up the notice while the pre_checkpoint
 			// hook runs: then it is saving itself, and is not frozen.
-			appBefore := sv.appBefore
-			check = func() error { return sv.jobAnswered(appBefore) }
+			appBefore, appSince := sv.appBefore, sv.appSince
+			check = func() error { return sv.jobAnswered(appBefore, appSince) }
 		}
 		go func() {
 			res, err := checkpointWithCheck(actx, sv.s, o, sv.o.Scripts, sv.o.Log, check)
@@ -505,10 +508,11 @@ func (sv *supervisor) begin(ctx context.Context, mode Mode, sig syscall.Signal) 
 			return
 		}
 		before, err := sv.checkpointIDs()
+		since := time.Now()
 		if err == nil {
 			err = writeNotice(sv.files.notice(), sig, sv.deadline)
 		}
-		sv.results <- attemptResult{mode: mode, err: err, notified: err == nil, before: before}
+		sv.results <- attemptResult{mode: mode, err: err, notified: err == nil, before: before, since: since}
 	}()
 }
 
@@ -556,13 +560,13 @@ func (sv *supervisor) acked() bool {
 // jobAnswered is the fallback's last check: errJobAnswered when the job
 // has acknowledged the notice or committed a checkpoint not listed in
 // appBefore.
-func (sv *supervisor) jobAnswered(appBefore map[string]bool) error {
+func (sv *supervisor) jobAnswered(appBefore map[string]bool, appSince time.Time) error {
 	if sv.acked() {
 		return errJobAnswered
 	}
 	if recs, err := sv.s.List(catalog.Filter{Job: sv.o.Job}); err == nil {
 		for _, r := range recs {
-			if !appBefore[r.ID] {
+			if !appBefore[r.ID] && !r.Created.Before(appSince) && r.Kind != catalog.KindProcess {
 				return errJobAnswered
 			}
 		}
@@ -579,7 +583,7 @@ func (sv *supervisor) restoreNotice() {
 
 func (sv *supervisor) onResult(ctx context.Context, r attemptResult) {
 	if r.mode == ModeApp && r.notified {
-		sv.noticeOut, sv.before = true, r.before
+		sv.noticeOut, sv.before, sv.since = true, r.before, r.since
 		sv.logf("notice written to %s; waiting for the job's checkpoint", sv.files.notice())
 		return
 	}
@@ -588,7 +592,7 @@ func (sv *supervisor) onResult(ctx context.Context, r attemptResult) {
 		// as before, up to the grace.
 		sv.inFlight.cancel()
 		sv.restoreNotice()
-		sv.before = sv.appBefore
+		sv.before, sv.since = sv.appBefore, sv.appSince
 		sv.inFlight = &attempt{mode: ModeApp, cancel: func() {}}
 		sv.logf("the job took up the notice before its process checkpoint: waiting for its own checkpoint instead")
 		return
@@ -602,7 +606,7 @@ func (sv *supervisor) onResult(ctx context.Context, r attemptResult) {
 		}
 		return
 	}
-	if rec := sv.newCheckpoint(); r.mode == ModeProcess && rec != nil {
+	if rec := sv.newCheckpoint(ModeProcess); r.mode == ModeProcess && rec != nil {
 		sv.logf("%v", r.err)
 		sv.onCommitted(rec)
 		return
@@ -637,9 +641,13 @@ func (sv *supervisor) releaseHeld() {
 	}
 }
 
-// newCheckpoint reports the job's latest checkpoint that was not listed
-// when the attempt began (before the notice, in app mode).
-func (sv *supervisor) newCheckpoint() *catalog.Record {
+// newCheckpoint reports the job's latest checkpoint of the attempt: one
+// that was not listed when the attempt began and was created since (after
+// the notice was written, in app mode), of the attempt's kind: a process
+// checkpoint for a process attempt (CRIU may fail after the commit), one
+// the job saved for an app attempt (a process checkpoint then is not the
+// job's answer; the fallback's comes as its result).
+func (sv *supervisor) newCheckpoint(mode Mode) *catalog.Record {
 	if sv.before == nil {
 		return nil
 	}
@@ -648,8 +656,9 @@ func (sv *supervisor) newCheckpoint() *catalog.Record {
 		return nil
 	}
 	for i := len(recs) - 1; i >= 0; i-- {
-		if !sv.before[recs[i].ID] {
-			return &recs[i]
+		r := &recs[i]
+		if !sv.before[r.ID] && !r.Created.Before(sv.since) && (r.Kind == catalog.KindProcess) == (mode == ModeProcess) {
+			return r
 		}
 	}
 	return nil
@@ -661,7 +670,7 @@ func (sv *supervisor) watch(ctx context.Context) {
 	now := time.Now()
 	waitingForApp := sv.inFlight != nil && sv.inFlight.mode == ModeApp && sv.noticeOut
 	if waitingForApp {
-		if rec := sv.newCheckpoint(); rec != nil {
+		if rec := sv.newCheckpoint(ModeApp); rec != nil {
 			sv.inFlight.cancel()
 			sv.inFlight = nil
 			sv.onCommitted(rec)
@@ -686,7 +695,7 @@ func (sv *supervisor) watch(ctx context.Context) {
 				sv.logf("the job has not taken up the notice after %s: process checkpoint instead", sv.o.FallbackAfter)
 				sv.inFlight.cancel()
 				sv.inFlight = nil
-				sv.appBefore = sv.before
+				sv.appBefore, sv.appSince = sv.before, sv.since
 				sv.begin(ctx, ModeProcess, sv.o.Signals[0])
 				return
 			}
