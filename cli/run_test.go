@@ -769,3 +769,25 @@ func TestRunAppModeIgnoresACheckpointCreatedBeforeTheNotice(t *testing.T) {
 		t.Fatalf("stasis run took the old checkpoint for the job's answer:\n%s", res.stderr)
 	}
 }
+
+// TestPreStopWithTheRunsJobPIDGoesThroughTheRun: `hook prestop --pid P`,
+// where P is the job of J's running stasis run (its root, or a process of
+// its tree), has the run checkpoint it, as without --pid, rather than
+// checkpoint P behind the run's back.
+func TestPreStopWithTheRunsJobPIDGoesThroughTheRun(t *testing.T) {
+	home, pids := t.TempDir(), filepath.Join(t.TempDir(), "pids")
+	r := startRun(t, home, "--job", "deaf", "--grace", "30s", "--kill-after", "100ms", "--", "testdata/ignore_notice.sh", pids)
+	job, child := readPIDs(t, pids)
+	waitJobState(t, home, "deaf", jobRunning)
+	for _, pid := range []int{job, child} {
+		expectCode(t, run(t, home, "hook", "prestop", "--job", "deaf", "--pid", strconv.Itoa(pid), "--timeout", "300ms"), cli.ExitNoCheckpoint, `job "deaf" has no new checkpoint after 300ms`)
+	}
+	if st := waitJobState(t, home, "deaf", func(jobState) bool { return true }); st.State != "checkpointing" {
+		t.Fatalf("prestop did not have the run checkpoint the job: %+v", st)
+	}
+	if !alive(job) || !alive(child) {
+		t.Fatal("the job was checkpointed behind its run's back")
+	}
+	r.cmd.Process.Kill()
+	r.wait(t)
+}
