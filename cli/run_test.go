@@ -791,3 +791,24 @@ func TestPreStopWithTheRunsJobPIDGoesThroughTheRun(t *testing.T) {
 	r.cmd.Process.Kill()
 	r.wait(t)
 }
+
+// TestRunKeepsInheritedFilesFromTheJob: a file stasis run inherited (fd 3
+// here) is not open in the job.
+func TestRunKeepsInheritedFilesFromTheJob(t *testing.T) {
+	home := t.TempDir()
+	marker, err := os.Create(filepath.Join(t.TempDir(), "inherited-marker"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer marker.Close()
+	cmd := exec.Command(stasisBin, "run", "--job", "fds", "--", "sh", "-c", "ls -l /proc/$$/fd/")
+	cmd.ExtraFiles = []*os.File{marker}
+	res := startCommand(t, home, cmd).wait(t)
+	expectExit(t, res, 0)
+	if !strings.Contains(res.stdout, "->") {
+		t.Fatalf("the job listed no files: %q", res.stdout)
+	}
+	if strings.Contains(res.stdout, "inherited-marker") {
+		t.Fatalf("the job has stasis run's inherited file open:\n%s", res.stdout)
+	}
+}
