@@ -15,6 +15,7 @@ import (
 	"github.com/stasis-ckpt/stasis/hooks"
 	"github.com/stasis-ckpt/stasis/restore"
 	ucli "github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 )
 
 // hookFlags name hook scripts on the command line, over config.toml's.
@@ -70,6 +71,10 @@ func (e *env) runCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "new-pidns", Value: string(restore.PIDNSAuto), Usage: "process mode: resume the job in a new PID namespace: auto (when one of its PIDs is taken), always or never"},
 		}, processFlags()...), hookFlags(hooks.PreCheckpoint, hooks.PostCheckpoint, hooks.PostRestore)...),
 		Action: func(c *ucli.Context) error {
+			// Files stasis run inherited (from a batch system, a shell)
+			// are not the job's: they would leak into it and its
+			// checkpoints.
+			cloexecInherited()
 			code, err := e.run(c)
 			if err != nil && code == ExitOK {
 				// stasis run's own failure, not the job's outcome.
@@ -230,5 +235,18 @@ func (e *env) hookCommand() *ucli.Command {
 				return err
 			},
 		}},
+	}
+}
+
+// cloexecInherited sets close-on-exec on every file descriptor above 2.
+func cloexecInherited() {
+	if unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC) == nil {
+		return
+	}
+	entries, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC)
+		}
 	}
 }

@@ -568,3 +568,18 @@ func TestRestoreNewPIDNS(t *testing.T) {
 		t.Fatalf("restored again with PIDs %v; want %d inside a new namespace", ids, pid)
 	}
 }
+
+// TestCheckpointIgnoresAnInheritedLauncherVariable: STASIS_CRIU_NSENTER in
+// stasis's environment (a user's, or inherited) does not reach the criu
+// launcher: the checkpoint is taken where it would be without it.
+func TestCheckpointIgnoresAnInheritedLauncherVariable(t *testing.T) {
+	requireCRIU(t)
+	home, out := t.TempDir(), filepath.Join(t.TempDir(), "count")
+	pid := startDetached(t, "testdata/counter.sh", out)
+	waitCounting(t, out, 3)
+	t.Setenv("STASIS_CRIU_NSENTER", "999999999")
+	checkpointPID(t, home, pid, "--job", "env")
+	if recs := list(t, home); len(recs) != 1 || recs[0].Kind != "process" {
+		t.Fatalf("listed: %+v", recs)
+	}
+}

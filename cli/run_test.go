@@ -676,3 +676,139 @@ func TestHooksOfCheckpointAndRestoreSeeTheirEnvironment(t *testing.T) {
 		}
 	}
 }
+
+// TestRunPreemptedWhileRestoring: the preemption signal comes while the
+// job is being restored (its post_restore hook sends it, after leaving 40
+// short-lived orphans to stasis run, a SIGCHLD each, and ends 3s later);
+// it is not lost among the SIGCHLDs: once the job runs it is checkpointed
+// again, with the grace counted from the signal's arrival, not from the
+// end of the hook.
+func TestRunPreemptedWhileRestoring(t *testing.T) {
+	requireCRIU(t)
+	home, out, hookOut := t.TempDir(), filepath.Join(t.TempDir(), "count"), t.TempDir()
+	t.Setenv("HOOK_OUT", hookOut)
+	args := []string{"--job", "busy", "--mode", "process", "--grace", "60s", "--", "testdata/counter.sh", out}
+	preemptCounter(t, home, "busy", out, args)
+	hook, err := filepath.Abs("testdata/busy_post_restore.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRun(t, home, append([]string{"--post-restore", hook}, args...)...)
+	res := r.wait(t)
+	expectExit(t, res, cli.ExitPreempted)
+	if recs := list(t, home); len(recs) != 2 {
+		t.Fatalf("listed: %+v", recs)
+	}
+	m := regexp.MustCompile(`SIGUSR1: checkpointing job "busy" \(process mode, grace until (\S+)\)`).FindStringSubmatch(res.stderr)
+	if m == nil {
+		t.Fatalf("stderr does not say the job was checkpointed:\n%s", res.stderr)
+	}
+	deadline, err := time.Parse(time.RFC3339, m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(hookOut, "sent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Counted from the end of the hook (3s after the signal), the
+	// deadline would be at least sent+62.
+	if got, most := deadline.Unix(), sent+61; got > most {
+		t.Errorf("grace until %s (%d), counted from later than the signal's arrival (sent at %d)", m[1], got, sent)
+	}
+}
+
+// TestRunFallbackYieldsToALateAcknowledgement: the job takes up the notice
+// only while the fallback's pre_checkpoint hook runs; it is not frozen, and
+// its own save is the checkpoint.
+func TestRunFallbackYieldsToALateAcknowledgement(t *testing.T) {
+	home, hookOut := t.TempDir(), t.TempDir()
+	t.Setenv("HOOK_OUT", hookOut)
+	hook, err := filepath.Abs("testdata/fallback_pre_hook.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRun(t, home, "--job", "late", "--grace", "60s", "--fallback", "process", "--fallback-after", "300ms", "--pre-checkpoint", hook, "--", "testdata/late_ack.sh")
+	waitJobState(t, home, "late", jobRunning)
+	r.signal(t, syscall.SIGUSR1)
+	res := r.wait(t)
+	expectExit(t, res, cli.ExitPreempted)
+	recs := list(t, home)
+	if len(recs) != 1 || recs[0].Kind != "files" || recs[0].Step != 7 {
+		t.Fatalf("listed: %+v", recs)
+	}
+	if !strings.Contains(res.stderr, "the job took up the notice before its process checkpoint: waiting for its own checkpoint instead") {
+		t.Errorf("stderr: %s", res.stderr)
+	}
+}
+
+// TestRunAppModeIgnoresACheckpointCreatedBeforeTheNotice: a checkpoint of
+// the job that appears after the notice but was created before it (here
+// imported) is not the job's answer: no checkpoint within the grace, 124.
+func TestRunAppModeIgnoresACheckpointCreatedBeforeTheNotice(t *testing.T) {
+	old, home, tmp := t.TempDir(), t.TempDir(), t.TempDir()
+	data, export := filepath.Join(tmp, "data"), filepath.Join(tmp, "old.tar")
+	if err := os.WriteFile(data, []byte("weights\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, old, "save", "--job", "stale", "--step", "3", data)
+	mustRun(t, old, "export", "--job", "stale", "--latest", "-o", export)
+	r := startRun(t, home, "--job", "stale", "--grace", "3s", "--kill-after", "200ms", "--", "testdata/import_on_notice.sh", export)
+	waitJobState(t, home, "stale", jobRunning)
+	r.signal(t, syscall.SIGUSR1)
+	res := r.wait(t)
+	expectExit(t, res, cli.ExitNoCheckpoint)
+	if recs := list(t, home); len(recs) != 1 || recs[0].Step != 3 {
+		t.Fatalf("the job did not import its old checkpoint: %+v", recs)
+	}
+	if strings.Contains(res.stderr, "committed") {
+		t.Fatalf("stasis run took the old checkpoint for the job's answer:\n%s", res.stderr)
+	}
+}
+
+// TestPreStopWithTheRunsJobPIDGoesThroughTheRun: `hook prestop --pid P`,
+// where P is the job of J's running stasis run (its root, or a process of
+// its tree), has the run checkpoint it, as without --pid, rather than
+// checkpoint P behind the run's back.
+func TestPreStopWithTheRunsJobPIDGoesThroughTheRun(t *testing.T) {
+	home, pids := t.TempDir(), filepath.Join(t.TempDir(), "pids")
+	r := startRun(t, home, "--job", "deaf", "--grace", "30s", "--kill-after", "100ms", "--", "testdata/ignore_notice.sh", pids)
+	job, child := readPIDs(t, pids)
+	waitJobState(t, home, "deaf", jobRunning)
+	for _, pid := range []int{job, child} {
+		expectCode(t, run(t, home, "hook", "prestop", "--job", "deaf", "--pid", strconv.Itoa(pid), "--timeout", "300ms"), cli.ExitNoCheckpoint, `job "deaf" has no new checkpoint after 300ms`)
+	}
+	if st := waitJobState(t, home, "deaf", func(jobState) bool { return true }); st.State != "checkpointing" {
+		t.Fatalf("prestop did not have the run checkpoint the job: %+v", st)
+	}
+	if !alive(job) || !alive(child) {
+		t.Fatal("the job was checkpointed behind its run's back")
+	}
+	r.cmd.Process.Kill()
+	r.wait(t)
+}
+
+// TestRunKeepsInheritedFilesFromTheJob: a file stasis run inherited (fd 3
+// here) is not open in the job.
+func TestRunKeepsInheritedFilesFromTheJob(t *testing.T) {
+	home := t.TempDir()
+	marker, err := os.Create(filepath.Join(t.TempDir(), "inherited-marker"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer marker.Close()
+	cmd := exec.Command(stasisBin, "run", "--job", "fds", "--", "sh", "-c", "ls -l /proc/$$/fd/")
+	cmd.ExtraFiles = []*os.File{marker}
+	res := startCommand(t, home, cmd).wait(t)
+	expectExit(t, res, 0)
+	if !strings.Contains(res.stdout, "->") {
+		t.Fatalf("the job listed no files: %q", res.stdout)
+	}
+	if strings.Contains(res.stdout, "inherited-marker") {
+		t.Fatalf("the job has stasis run's inherited file open:\n%s", res.stdout)
+	}
+}

@@ -337,6 +337,19 @@ func Launch(args []string) (ok bool, err error) {
 	return true, unix.Exec(criuPath, append([]string{criuPath}, args...), os.Environ())
 }
 
+// ClearLauncherEnv unsets the launcher's variables (STASIS_CRIU_SWRK,
+// STASIS_CRIU_NSENTER: every STASIS_CRIU_*), which only stasis sets, for
+// the launcher it starts: inherited, or set by a user, they would make the
+// next CRIU stasis starts run elsewhere. A process that is not acting as
+// the launcher calls it at its start.
+func ClearLauncherEnv() {
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "STASIS_CRIU_") {
+			os.Unsetenv(name)
+		}
+	}
+}
+
 func run(op string, o Options, imagesDir, workDir, logName string, hooks Hooks, do func(*gocriu.Criu, *rpc.CriuOpts, gocriu.Notify) error) error {
 	path, _, err := Resolve(o.Path)
 	if err != nil {

@@ -32,8 +32,9 @@ type PreStopOptions struct {
 
 // PreStop checkpoints a job that is about to be stopped (Kubernetes runs
 // it as the container's preStop hook) and waits for the commit. When the
-// job runs under `stasis run` (its J.pid is held) the run is sent its
-// first preemption signal and does the checkpoint of its mode; otherwise
+// job runs under `stasis run` (its J.pid is held), and PID is 0, that run
+// or the job it supervises, the run is sent its first preemption signal
+// and does the checkpoint of its mode; otherwise
 // PID is checkpointed in process mode, and ends with the dump.
 func PreStop(ctx context.Context, s *catalog.Store, o PreStopOptions) (*catalog.Record, error) {
 	if err := catalog.ValidateJob(o.Job); err != nil {
@@ -41,7 +42,7 @@ func PreStop(ctx context.Context, s *catalog.Store, o PreStopOptions) (*catalog.
 	}
 	files := newRunFiles(s.Root, o.Job)
 	runPID, running := files.runningPID()
-	if running && (o.PID == 0 || o.PID == runPID) {
+	if running && (o.PID == 0 || o.PID == runPID || supervisedBy(files, o.PID)) {
 		return preStopRun(ctx, s, o, files, runPID)
 	}
 	if o.PID == 0 {
@@ -62,6 +63,33 @@ func PreStop(ctx context.Context, s *catalog.Store, o PreStopOptions) (*catalog.
 		return nil, fmt.Errorf("%w: the checkpoint of PID %d did not finish within %s (rolled back: %v)", ErrNoCheckpoint, o.PID, o.Timeout, err)
 	}
 	return nil, err
+}
+
+// supervisedBy reports whether pid is the job that the running stasis run
+// of files supervises: its root (J.json's job_pid), a process of its
+// session, or of its tree. Such a job is checkpointed by its run, never
+// behind its back.
+func supervisedBy(files runFiles, pid int) bool {
+	st, err := files.readState()
+	if err != nil || st.JobPID <= 0 {
+		return false
+	}
+	if pid == st.JobPID {
+		return true
+	}
+	if ps, err := readProcStat(pid); err == nil && ps.Session == st.JobPID {
+		return true
+	}
+	tree, err := checkpoint.Tree(st.JobPID)
+	if err != nil {
+		return false
+	}
+	for _, p := range tree {
+		if p.PID == pid {
+			return true
+		}
+	}
+	return false
 }
 
 // preStopRun has the job's stasis run checkpoint it.

@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
-	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
@@ -120,6 +119,7 @@ type attemptResult struct {
 	err      error
 	notified bool
 	before   map[string]bool // app: the job's checkpoints before the notice
+	since    time.Time       // app: when the notice was written
 }
 
 type supervisor struct {
@@ -142,7 +142,10 @@ type supervisor struct {
 	results      chan attemptResult
 	noticeOut    bool            // app: the notice is written
 	before       map[string]bool // the job's checkpoints when the attempt began
+	since        time.Time       // when the attempt began (app: the notice)
 	fellBack     bool
+	appBefore    map[string]bool // the job's checkpoints before the notice, once fallen back
+	appSince     time.Time       // when the notice was written, once fallen back
 	committed    *catalog.Record
 	lastFailure  string
 	held         []os.Signal // forwarded signals held during a checkpoint
@@ -178,7 +181,7 @@ func Run(ctx context.Context, s *catalog.Store, o RunOptions) (*Outcome, error) 
 		return nil, err
 	}
 	defer sv.files.release(pidFile)
-	for _, p := range []string{sv.files.notice(), sv.files.ack()} {
+	for _, p := range []string{sv.files.notice(), sv.files.ack(), sv.files.withdrawnNotice()} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, err
 		}
@@ -189,13 +192,11 @@ func Run(ctx context.Context, s *catalog.Store, o RunOptions) (*Outcome, error) 
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return nil, fmt.Errorf("become a subreaper: %w", err)
 	}
-	sigs := make(chan os.Signal, 32)
-	notify := []os.Signal{syscall.SIGCHLD}
-	for _, sig := range forwarded {
-		notify = append(notify, sig)
-	}
-	signal.Notify(sigs, notify...)
-	defer signal.Stop(sigs)
+	// Signals are read from now on, while the job starts too: one that
+	// comes during a restore is acted on once the job runs, its grace
+	// counted from its arrival.
+	sigs := listenSignals(forwarded)
+	defer sigs.stop()
 
 	sv.state = runState{PID: os.Getpid(), Job: o.Job, Mode: o.Mode, Signal: SignalName(o.Signals[0]), State: "starting"}
 	sv.files.writeState(sv.state)
@@ -378,13 +379,22 @@ func (sv *supervisor) jobEnv(resume *catalog.Record) []string {
 
 // loop handles signals, checkpoint attempts, the grace period and the
 // job's end, until the job has ended and nothing is under way.
-func (sv *supervisor) loop(ctx context.Context, sigs <-chan os.Signal) {
+func (sv *supervisor) loop(ctx context.Context, sigs *signalQueue) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	for {
+	for first := true; ; first = false {
+		if first {
+			// What came while the job was starting.
+			for _, a := range sigs.take() {
+				sv.onSignal(ctx, a)
+			}
+		}
 		select {
-		case sig := <-sigs:
-			sv.onSignal(ctx, sig.(syscall.Signal))
+		case <-sigs.wake:
+			for _, a := range sigs.take() {
+				sv.onSignal(ctx, a)
+			}
+		case <-sigs.chld:
 		case r := <-sv.results:
 			sv.onResult(ctx, r)
 		case <-tick.C:
@@ -417,10 +427,9 @@ func (sv *supervisor) isPreemption(sig syscall.Signal) bool {
 	return false
 }
 
-func (sv *supervisor) onSignal(ctx context.Context, sig syscall.Signal) {
-	name := SignalName(sig)
+func (sv *supervisor) onSignal(ctx context.Context, a arrival) {
+	sig, name := a.sig, SignalName(a.sig)
 	switch {
-	case sig == syscall.SIGCHLD:
 	case !sv.isPreemption(sig):
 		if sv.exited {
 			return
@@ -441,7 +450,7 @@ func (sv *supervisor) onSignal(ctx context.Context, sig syscall.Signal) {
 		sv.logf("SIG%s during the checkpoint under way: ignored", name)
 	default:
 		if sv.preempted.IsZero() {
-			sv.preempted = time.Now()
+			sv.preempted = a.at
 			sv.deadline = sv.preempted.Add(sv.o.Grace)
 		}
 		sv.logf("SIG%s: checkpointing job %q (%s mode, grace until %s)", name, sv.o.Job, sv.o.Mode, sv.deadline.Format(time.RFC3339))
@@ -466,7 +475,7 @@ func (sv *supervisor) begin(ctx context.Context, mode Mode, sig syscall.Signal) 
 	if mode == ModeProcess {
 		// CRIU may fail after the commit: the checkpoint is then listed
 		// all the same (newCheckpoint).
-		sv.before = nil
+		sv.before, sv.since = nil, time.Now()
 		if ids, err := sv.checkpointIDs(); err == nil {
 			sv.before = ids
 		}
@@ -475,8 +484,15 @@ func (sv *supervisor) begin(ctx context.Context, mode Mode, sig syscall.Signal) 
 		if sv.relay != nil {
 			o.Tags = sv.relay.tags
 		}
+		var check func() error
+		if sv.fellBack {
+			// The job may take up the notice while the pre_checkpoint
+			// hook runs: then it is saving itself, and is not frozen.
+			appBefore, appSince := sv.appBefore, sv.appSince
+			check = func() error { return sv.jobAnswered(appBefore, appSince) }
+		}
 		go func() {
-			res, err := Checkpoint(actx, sv.s, o, sv.o.Scripts, sv.o.Log)
+			res, err := checkpointWithCheck(actx, sv.s, o, sv.o.Scripts, sv.o.Log, check)
 			r := attemptResult{mode: mode, err: err}
 			if res != nil {
 				r.record = res.Record
@@ -492,10 +508,11 @@ func (sv *supervisor) begin(ctx context.Context, mode Mode, sig syscall.Signal) 
 			return
 		}
 		before, err := sv.checkpointIDs()
+		since := time.Now()
 		if err == nil {
 			err = writeNotice(sv.files.notice(), sig, sv.deadline)
 		}
-		sv.results <- attemptResult{mode: mode, err: err, notified: err == nil, before: before}
+		sv.results <- attemptResult{mode: mode, err: err, notified: err == nil, before: before, since: since}
 	}()
 }
 
@@ -531,10 +548,53 @@ func writeNotice(path string, sig syscall.Signal, deadline time.Time) error {
 	return writeAtomic(path, append(data, '\n'))
 }
 
+// errJobAnswered ends a fallback process checkpoint before the dump: the
+// job has taken up the notice, or committed, after all.
+var errJobAnswered = errors.New("the job has taken up the notice")
+
+func (sv *supervisor) acked() bool {
+	_, err := os.Stat(sv.files.ack())
+	return err == nil
+}
+
+// jobAnswered is the fallback's last check: errJobAnswered when the job
+// has acknowledged the notice or committed a checkpoint not listed in
+// appBefore.
+func (sv *supervisor) jobAnswered(appBefore map[string]bool, appSince time.Time) error {
+	if sv.acked() {
+		return errJobAnswered
+	}
+	if recs, err := sv.s.List(catalog.Filter{Job: sv.o.Job}); err == nil {
+		for _, r := range recs {
+			if !appBefore[r.ID] && !r.Created.Before(appSince) && r.Kind != catalog.KindProcess {
+				return errJobAnswered
+			}
+		}
+	}
+	return nil
+}
+
+// restoreNotice puts the withdrawn notice back for the job.
+func (sv *supervisor) restoreNotice() {
+	if err := os.Rename(sv.files.withdrawnNotice(), sv.files.notice()); err != nil {
+		sv.logf("cannot put the notice back: %v", err)
+	}
+}
+
 func (sv *supervisor) onResult(ctx context.Context, r attemptResult) {
 	if r.mode == ModeApp && r.notified {
-		sv.noticeOut, sv.before = true, r.before
+		sv.noticeOut, sv.before, sv.since = true, r.before, r.since
 		sv.logf("notice written to %s; waiting for the job's checkpoint", sv.files.notice())
+		return
+	}
+	if r.mode == ModeProcess && errors.Is(r.err, errJobAnswered) {
+		// Back to the app save, which the job has begun: wait for it
+		// as before, up to the grace.
+		sv.inFlight.cancel()
+		sv.restoreNotice()
+		sv.before, sv.since = sv.appBefore, sv.appSince
+		sv.inFlight = &attempt{mode: ModeApp, cancel: func() {}}
+		sv.logf("the job took up the notice before its process checkpoint: waiting for its own checkpoint instead")
 		return
 	}
 	sv.inFlight.cancel()
@@ -546,7 +606,7 @@ func (sv *supervisor) onResult(ctx context.Context, r attemptResult) {
 		}
 		return
 	}
-	if rec := sv.newCheckpoint(); r.mode == ModeProcess && rec != nil {
+	if rec := sv.newCheckpoint(ModeProcess); r.mode == ModeProcess && rec != nil {
 		sv.logf("%v", r.err)
 		sv.onCommitted(rec)
 		return
@@ -581,9 +641,13 @@ func (sv *supervisor) releaseHeld() {
 	}
 }
 
-// newCheckpoint reports the job's latest checkpoint that was not listed
-// when the attempt began (before the notice, in app mode).
-func (sv *supervisor) newCheckpoint() *catalog.Record {
+// newCheckpoint reports the job's latest checkpoint of the attempt: one
+// that was not listed when the attempt began and was created since (after
+// the notice was written, in app mode), of the attempt's kind: a process
+// checkpoint for a process attempt (CRIU may fail after the commit), one
+// the job saved for an app attempt (a process checkpoint then is not the
+// job's answer; the fallback's comes as its result).
+func (sv *supervisor) newCheckpoint(mode Mode) *catalog.Record {
 	if sv.before == nil {
 		return nil
 	}
@@ -592,8 +656,9 @@ func (sv *supervisor) newCheckpoint() *catalog.Record {
 		return nil
 	}
 	for i := len(recs) - 1; i >= 0; i-- {
-		if !sv.before[recs[i].ID] {
-			return &recs[i]
+		r := &recs[i]
+		if !sv.before[r.ID] && !r.Created.Before(sv.since) && (r.Kind == catalog.KindProcess) == (mode == ModeProcess) {
+			return r
 		}
 	}
 	return nil
@@ -605,7 +670,7 @@ func (sv *supervisor) watch(ctx context.Context) {
 	now := time.Now()
 	waitingForApp := sv.inFlight != nil && sv.inFlight.mode == ModeApp && sv.noticeOut
 	if waitingForApp {
-		if rec := sv.newCheckpoint(); rec != nil {
+		if rec := sv.newCheckpoint(ModeApp); rec != nil {
 			sv.inFlight.cancel()
 			sv.inFlight = nil
 			sv.onCommitted(rec)
@@ -617,12 +682,20 @@ func (sv *supervisor) watch(ctx context.Context) {
 			sv.inFlight = nil
 			return
 		}
-		if sv.o.Fallback == ModeProcess && !sv.fellBack && now.After(sv.preempted.Add(sv.o.FallbackAfter)) {
-			if _, err := os.Stat(sv.files.ack()); err != nil {
+		if sv.o.Fallback == ModeProcess && !sv.fellBack && now.After(sv.preempted.Add(sv.o.FallbackAfter)) && !sv.acked() {
+			// The notice is taken out of the job's sight first, so that a
+			// job resumed from the process checkpoint cannot act on it;
+			// an acknowledgement that came meanwhile keeps the app save.
+			if err := os.Rename(sv.files.notice(), sv.files.withdrawnNotice()); err != nil {
+				sv.logf("cannot withdraw the notice for the fallback: %v", err)
+			} else if sv.acked() {
+				sv.restoreNotice()
+			} else {
 				sv.fellBack = true
 				sv.logf("the job has not taken up the notice after %s: process checkpoint instead", sv.o.FallbackAfter)
 				sv.inFlight.cancel()
 				sv.inFlight = nil
+				sv.appBefore, sv.appSince = sv.before, sv.since
 				sv.begin(ctx, ModeProcess, sv.o.Signals[0])
 				return
 			}

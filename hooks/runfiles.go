@@ -56,6 +56,12 @@ func (f runFiles) stateFile() string { return filepath.Join(f.dir, f.base+".json
 func (f runFiles) notice() string    { return filepath.Join(f.dir, f.base+".preempt") }
 func (f runFiles) ack() string       { return f.notice() + ".ack" }
 
+// withdrawnNotice is where the notice goes when stasis falls back to a
+// process checkpoint: out of the job's sight.
+func (f runFiles) withdrawnNotice() string {
+	return filepath.Join(f.dir, "."+f.base+".preempt.withdrawn")
+}
+
 // runState is J.json: what the job's `stasis run` is doing.
 type runState struct {
 	PID    int    `json:"pid"` // of stasis run
@@ -165,7 +171,7 @@ func (f runFiles) runningPID() (int, bool) {
 
 // release removes the job's files; the lock goes with the file's close.
 func (f runFiles) release(pidFile *os.File) {
-	for _, p := range []string{f.notice(), f.ack(), f.stateFile(), f.pidFile()} {
+	for _, p := range []string{f.notice(), f.ack(), f.withdrawnNotice(), f.stateFile(), f.pidFile()} {
 		os.Remove(p)
 	}
 	pidFile.Close()

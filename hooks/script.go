@@ -128,6 +128,12 @@ func (s Scripts) Run(ctx context.Context, hook string, ev Event, log io.Writer) 
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = time.Second
 	err := cmd.Run()
+	if errors.Is(err, exec.ErrWaitDelay) && cmd.ProcessState != nil && cmd.ProcessState.Success() {
+		// It succeeded, but left a process (an upload in the background)
+		// holding its output, which is no longer read.
+		fmt.Fprintf(log, "stasis: warning: %s hook %s exited 0 but left a process holding its output\n", hook, path)
+		err = nil
+	}
 	if err == nil {
 		log.Write(stderr.Bytes())
 		return nil

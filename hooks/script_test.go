@@ -88,3 +88,26 @@ func TestHookPastItsTimeoutIsKilledWithWhatItStarted(t *testing.T) {
 		}
 	}
 }
+
+// TestHookLeavingABackgroundChildSucceeds: a hook that exits 0 but leaves
+// a child holding its output (an upload in the background) has succeeded;
+// stasis says so in a warning.
+func TestHookLeavingABackgroundChildSucceeds(t *testing.T) {
+	out := t.TempDir()
+	t.Setenv("HOOK_OUT", out)
+	path := hookstest.Script(t, "hook_background.sh")
+	var log strings.Builder
+	if err := (Scripts{PostCheckpoint: path}).Run(context.Background(), PostCheckpoint, Event{Job: "j"}, &log); err != nil {
+		t.Fatalf("got %v", err)
+	}
+	if want := "stasis: warning: post_checkpoint hook " + path + " exited 0 but left a process holding its output\n"; !strings.Contains(log.String(), want) {
+		t.Errorf("log %q does not hold %q", log.String(), want)
+	}
+	data, err := os.ReadFile(filepath.Join(out, "child.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if child, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
+		syscall.Kill(child, syscall.SIGKILL)
+	}
+}

@@ -16,6 +16,13 @@ import (
 // post_checkpoint hook leaves the checkpoint stored; the error says so and
 // the result is returned with it.
 func Checkpoint(ctx context.Context, s *catalog.Store, o checkpoint.Options, scripts Scripts, log io.Writer) (*checkpoint.Result, error) {
+	return checkpointWithCheck(ctx, s, o, scripts, log, nil)
+}
+
+// checkpointWithCheck is Checkpoint with a last check, made after the
+// pre_checkpoint hook and right before the checkpoint: an error of it ends
+// the checkpoint there, as is, with nothing frozen.
+func checkpointWithCheck(ctx context.Context, s *catalog.Store, o checkpoint.Options, scripts Scripts, log io.Writer, check func() error) (*checkpoint.Result, error) {
 	ev := Event{Job: o.Job, Step: o.Step, PID: o.PID, Kind: KindProcess, Home: s.Root}
 	if scripts.PreCheckpoint != "" {
 		if ev.Job == "" {
@@ -27,6 +34,11 @@ func Checkpoint(ctx context.Context, s *catalog.Store, o checkpoint.Options, scr
 		}
 		if err := scripts.Run(ctx, PreCheckpoint, ev, log); err != nil {
 			return nil, fmt.Errorf("no checkpoint taken, the job runs on: %w", err)
+		}
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return nil, err
 		}
 	}
 	res, err := checkpoint.Run(ctx, s, o)

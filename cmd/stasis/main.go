@@ -13,6 +13,13 @@ import (
 )
 
 func main() {
+	if launched, err := criu.Launch(os.Args[1:]); launched {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	// Not the launcher: its variables, inherited or a user's, must not
+	// reach the launchers this process starts.
+	criu.ClearLauncherEnv()
 	if len(os.Args) > 1 && os.Args[1] == checkpoint.WatchdogArg {
 		os.Exit(checkpoint.RunWatchdog(os.Args[2:]))
 	}
@@ -21,10 +28,6 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == hooks.GuardArg {
 		os.Exit(hooks.RunGuard(os.Args[2:]))
-	}
-	if launched, err := criu.Launch(os.Args[1:]); launched {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
 	}
 	os.Exit(cli.Run(os.Args, os.Stdout, os.Stderr))
 }
