@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stasis-ckpt/stasis/checkpoint"
+	"github.com/stasis-ckpt/stasis/criu"
 )
 
 func treeOf(pid int) checkpoint.Meta {
@@ -94,5 +95,20 @@ func TestParsePIDNSMode(t *testing.T) {
 	}
 	if _, err := ParsePIDNSMode("sometimes"); err == nil {
 		t.Error("sometimes: no error")
+	}
+}
+
+// TestPIDTakenDuringRestore: CRIU failing because a PID was taken after
+// stasis checked it is ErrPIDInUse (exit 9), with the way out; other CRIU
+// failures are left as they are.
+func TestPIDTakenDuringRestore(t *testing.T) {
+	taken := &criu.Error{Op: "restore", Err: errors.New("exit status 1"), Log: "restore.log", Excerpt: []string{"Can't fork for 4242: File exists"}}
+	err := pidTakenDuringRestore(taken)
+	if !errors.Is(err, ErrPIDInUse) || !strings.Contains(err.Error(), "--new-pidns") || !strings.Contains(err.Error(), "4242") {
+		t.Fatalf("a PID taken during the restore: %v", err)
+	}
+	other := &criu.Error{Op: "restore", Err: errors.New("exit status 1"), Excerpt: []string{"Can't open file"}}
+	if err := pidTakenDuringRestore(other); err != error(other) {
+		t.Fatalf("another CRIU failure became %v", err)
 	}
 }

@@ -28,6 +28,16 @@ import (
 // ErrPIDInUse is returned when a PID the tree must get back is taken.
 var ErrPIDInUse = errors.New("a PID the checkpoint needs is in use")
 
+// pidTakenDuringRestore gives a CRIU restore that failed because a PID was
+// taken after stasis checked it the same plain message and way out as a
+// PID taken before.
+func pidTakenDuringRestore(err error) error {
+	if line, taken := criu.PIDTaken(err); taken {
+		return fmt.Errorf("%w: %s (taken while CRIU restored the tree); retry, or restore into a new PID namespace (--new-pidns): %v", ErrPIDInUse, line, err)
+	}
+	return err
+}
+
 // Options configure a restore.
 type Options struct {
 	CRIU criu.Options
@@ -180,6 +190,9 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 	}
 	if err != nil {
 		criu.KeepLog(err, s.KeepLog)
+		if !newNS {
+			err = pidTakenDuringRestore(err)
+		}
 		return nil, err
 	}
 	res.CRIU = time.Since(unpacked)
