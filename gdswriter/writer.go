@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -327,6 +328,10 @@ func (w *Writer) writeChunk(enc *Encoder, out *alignedBuffer, job writeJob) erro
 	}
 	off := w.fileEnd.Add(int64(len(extent))) - int64(len(extent))
 	if err := w.file.writeAt(extent, off); err != nil {
+		var pathErr *fs.PathError
+		if errors.As(err, &pathErr) {
+			return err // it names the file already: "write PATH: ..."
+		}
 		return fmt.Errorf("write %s: %w", w.path, err)
 	}
 	w.mu.Lock()
