@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -160,19 +161,71 @@ func RunPIDNSInit(args []string) int {
 		var ws unix.WaitStatus
 		got, err := unix.Wait4(-1, &ws, 0, nil)
 		if errors.Is(err, unix.ECHILD) {
+			waitForVisitors()
 			return 0
 		}
 		if err == nil && got == pid && req.Supervised {
-			return endNamespace(checkpoint.ShellStatus(ws), req.KillAfter)
+			status := endNamespace(checkpoint.ShellStatus(ws), req.KillAfter)
+			waitForVisitors()
+			return status
 		}
 	}
 }
 
+// visitors returns the processes of this namespace that came in from
+// outside (setns: their parent is not in the namespace, so their PPid
+// reads 0), such as the CRIU that checkpoints the tree from in here, with
+// their descendants. The init neither stops them nor ends (which would
+// kill them) while they run: CRIU ends the tree before it has finished.
+func visitors() map[int]bool {
+	entries, _ := os.ReadDir("/proc")
+	parent := map[int]int{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == 1 {
+			continue
+		}
+		if st, err := checkpoint.Status(pid); err == nil {
+			parent[pid], _ = strconv.Atoi(st["PPid"])
+		}
+	}
+	out := map[int]bool{}
+	var isVisitor func(pid, depth int) bool
+	isVisitor = func(pid, depth int) bool {
+		ppid, ok := parent[pid]
+		switch {
+		case !ok || depth > len(parent):
+			return false
+		case ppid == 0:
+			return true
+		}
+		return isVisitor(ppid, depth+1)
+	}
+	for pid := range parent {
+		if isVisitor(pid, 0) {
+			out[pid] = true
+		}
+	}
+	return out
+}
+
+// waitForVisitors waits (up to two minutes) for the visitors to leave.
+func waitForVisitors() {
+	for deadline := time.Now().Add(2 * time.Minute); len(visitors()) > 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	}
+}
+
 // endNamespace stops what runs in the init's namespace besides the init
-// (SIGTERM, then, once the init returns status, SIGKILL from the kernel),
-// giving it up to killAfter to end.
+// and its visitors (SIGTERM, then, once the init returns status, SIGKILL
+// from the kernel), giving it up to killAfter to end.
 func endNamespace(status int, killAfter time.Duration) int {
-	unix.Kill(-1, unix.SIGTERM)
+	spare := visitors()
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && pid != 1 && !spare[pid] {
+			unix.Kill(pid, unix.SIGTERM)
+		}
+	}
 	for deadline := time.Now().Add(killAfter); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		for {
 			var ws unix.WaitStatus
