@@ -126,15 +126,11 @@ func (c *Checkpoint) Commit(ctx context.Context) (Record, error) {
 		return Record{}, err
 	}
 	s := c.store
-	s.saveMu.Lock()
+	if err := s.idle(false); err != nil {
+		return Record{}, err
+	}
 	defer s.saveMu.Unlock()
-	if s.closed {
-		return Record{}, errClosed
-	}
 	c.used = true
-	if s.inflight != nil {
-		s.inflight.Wait()
-	}
 	rec, err := tensors.Save(ctx, s.cat, c.tensors, c.options(tensors.Meta{}))
 	if err != nil {
 		return Record{}, err
@@ -154,15 +150,30 @@ func (s *Store) Prepare(ts []Tensor) error {
 			return err
 		}
 	}
-	s.saveMu.Lock()
+	if err := s.idle(false); err != nil {
+		return err
+	}
 	defer s.saveMu.Unlock()
+	return s.arena.prepare(ts)
+}
+
+// idle takes saveMu on an open store once no save is in flight: it waits
+// for one, or with failIfBusy returns ErrSaveInFlight. On error saveMu is
+// not held.
+func (s *Store) idle(failIfBusy bool) error {
+	s.saveMu.Lock()
 	if s.closed {
+		s.saveMu.Unlock()
 		return errClosed
 	}
-	if s.inflight != nil {
-		s.inflight.Wait()
+	if prev := s.inflight; prev != nil && !prev.Done() {
+		if failIfBusy {
+			s.saveMu.Unlock()
+			return fmt.Errorf("%w: the save of step %d has not finished", ErrSaveInFlight, prev.step)
+		}
+		prev.Wait()
 	}
-	return s.arena.prepare(ts)
+	return nil
 }
 
 // AsyncOptions configure CommitAsync.
@@ -209,18 +220,11 @@ func (c *Checkpoint) CommitAsync(ctx context.Context, o AsyncOptions) (*Save, er
 		return nil, err
 	}
 	s := c.store
-	s.saveMu.Lock()
-	defer s.saveMu.Unlock()
-	if s.closed {
-		return nil, errClosed
-	}
 	start := time.Now()
-	if prev := s.inflight; prev != nil && !prev.Done() {
-		if o.FailIfBusy {
-			return nil, fmt.Errorf("%w: the save of step %d has not finished", ErrSaveInFlight, prev.step)
-		}
-		prev.Wait()
+	if err := s.idle(o.FailIfBusy); err != nil {
+		return nil, err
 	}
+	defer s.saveMu.Unlock()
 	c.used = true
 	waited := time.Now()
 	views, err := s.arena.snapshot(c.tensors)
