@@ -11,11 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"unsafe"
 
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/cuda/cudatest"
-	"golang.org/x/sys/unix"
 )
 
 // Device buffers are tested with the stand-in driver
@@ -51,18 +49,10 @@ func random(n int, seed uint64) []byte {
 	return b
 }
 
-// mapped returns n bytes outside Go's heap: stand-in "device" memory.
-func mapped(t *testing.T, n int) []byte {
-	t.Helper()
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(b) })
-	return b
-}
-
-func devicePtr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+var (
+	mapped    = cudatest.DeviceMemory
+	devicePtr = cudatest.Pointer
+)
 
 func hostTensor(name string, b []byte) Tensor {
 	return Tensor{Name: name, DType: "uint8", Shape: []int64{int64(len(b))}, Host: b, Bytes: int64(len(b))}
@@ -307,12 +297,8 @@ func TestSnapshotMemoryPinnedOnce(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	calls, _ := os.ReadFile(log)
-	count := map[string]int{}
-	for _, line := range strings.Split(string(calls), "\n") {
-		count[strings.SplitN(line, " ", 2)[0]]++
-	}
-	if count["register"] != 1 || count["unregister"] != 1 {
+	if count := cudatest.Calls(fakeDir); count["register"] != 1 || count["unregister"] != 1 {
+		calls, _ := os.ReadFile(log)
 		t.Fatalf("pinned %d times, unpinned %d times:\n%s", count["register"], count["unregister"], calls)
 	}
 }

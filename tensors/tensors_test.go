@@ -12,12 +12,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"unsafe"
 
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/cuda/cudatest"
 	"github.com/stasis-ckpt/stasis/gdswriter"
-	"golang.org/x/sys/unix"
 )
 
 // Device buffers are tested against the stand-in driver
@@ -187,30 +185,15 @@ func TestBadInput(t *testing.T) {
 
 // mapped returns n bytes of mapped memory: a "device buffer" for the
 // stand-in driver, whose device pointers are host addresses.
-func mapped(t *testing.T, n int) []byte {
-	t.Helper()
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(b) })
-	return b
-}
-
-func ptr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+var (
+	mapped = cudatest.DeviceMemory
+	ptr    = cudatest.Pointer
+)
 
 func pinCounts(t *testing.T) (reg, unreg int) {
 	t.Helper()
-	data, _ := os.ReadFile(filepath.Join(fakeDir, "calls.log"))
-	for _, line := range strings.Split(string(data), "\n") {
-		switch {
-		case strings.HasPrefix(line, "register "):
-			reg++
-		case strings.HasPrefix(line, "unregister "):
-			unreg++
-		}
-	}
-	return reg, unreg
+	calls := cudatest.Calls(fakeDir)
+	return calls["register"], calls["unregister"]
 }
 
 func TestDeviceRoundTripWithStandIn(t *testing.T) {

@@ -9,6 +9,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Build compiles the stand-in libcuda.so.1 into dir and returns its path.
@@ -42,4 +47,32 @@ func Use() (dir string, cleanup func()) {
 	}
 	fmt.Fprintf(os.Stderr, "stand-in driver not built: %v\n", err)
 	return "", func() {}
+}
+
+// DeviceMemory returns n bytes outside Go's heap, unmapped when the test
+// ends: the stand-in's "device memory", whose pointers are host addresses.
+func DeviceMemory(t testing.TB, n int) []byte {
+	t.Helper()
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(b) })
+	return b
+}
+
+// Pointer is b's address as the stand-in's device pointer.
+func Pointer(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+// Calls counts the stand-in's calls logged in dir/calls.log by name
+// ("register", "unregister", "lock", ...).
+func Calls(dir string) map[string]int {
+	data, _ := os.ReadFile(filepath.Join(dir, "calls.log"))
+	count := map[string]int{}
+	for _, line := range strings.Split(string(data), "\n") {
+		if name, _, ok := strings.Cut(line, " "); ok {
+			count[name]++
+		}
+	}
+	return count
 }
