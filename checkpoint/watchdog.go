@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -27,7 +26,7 @@ func startWatchdog(pids []int, logPath string, back []cuda.GPUPair) (*Sentinel, 
 	if len(back) > 0 {
 		var ps []string
 		for _, p := range back {
-			ps = append(ps, hex.EncodeToString(p.Old[:])+">"+hex.EncodeToString(p.New[:]))
+			ps = append(ps, cuda.FormatUUID(p.Old)+">"+cuda.FormatUUID(p.New))
 		}
 		args = append(args, backPrefix+strings.Join(ps, ","))
 	}
@@ -47,15 +46,12 @@ func parsePairs(s string) ([]cuda.GPUPair, error) {
 	var pairs []cuda.GPUPair
 	for _, p := range strings.Split(s, ",") {
 		o, n, ok := strings.Cut(p, ">")
-		ob, err1 := hex.DecodeString(o)
-		nb, err2 := hex.DecodeString(n)
-		if !ok || err1 != nil || err2 != nil || len(ob) != 16 || len(nb) != 16 {
+		from, err1 := cuda.ParseUUID(o)
+		to, err2 := cuda.ParseUUID(n)
+		if !ok || err1 != nil || err2 != nil {
 			return nil, fmt.Errorf("bad GPU pair %q", p)
 		}
-		var pair cuda.GPUPair
-		copy(pair.Old[:], ob)
-		copy(pair.New[:], nb)
-		pairs = append(pairs, pair)
+		pairs = append(pairs, cuda.GPUPair{Old: from, New: to})
 	}
 	return pairs, nil
 }
