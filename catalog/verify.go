@@ -2,6 +2,7 @@ package catalog
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -46,15 +47,78 @@ func (s *Store) StreamFile(ctx context.Context, m *Manifest, f DataFile, o ReadO
 	return r.Stream(ctx, f.Chunks, gdswriter.ReadOptions{Workers: o.Workers, Progress: o.Progress}, fn)
 }
 
-// EachChunk reads data file f of a complete checkpoint like StreamFile, but
-// calls fn for the chunks in any order, from several goroutines at once.
-func (s *Store) EachChunk(ctx context.Context, m *Manifest, f DataFile, o ReadOptions, fn func(i int, raw []byte) error) error {
+// StreamRange streams bytes [off, off+n) of data file f's decoded stream
+// to fn in order, in pieces, reading, verifying and decoding only the
+// chunks that hold them (several at once, ahead of fn). Bad data comes
+// back as an error that names the file and the chunk's index in f.
+func (s *Store) StreamRange(ctx context.Context, m *Manifest, f DataFile, off, n int64, o ReadOptions, fn func(b []byte) error) error {
+	if off < 0 || n < 0 || off+n > f.RawSize {
+		return fmt.Errorf("%w: range %d+%d outside data file %s (%d bytes)", ErrBadManifest, off, n, f.Name, f.RawSize)
+	}
+	if n == 0 {
+		return nil
+	}
+	first, last := int(off/f.ChunkSize), int((off+n-1)/f.ChunkSize)
 	r, err := s.openData(m, f, o.NoDirect)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	return r.ForEach(ctx, f.Chunks, gdswriter.ReadOptions{Workers: o.Workers, Progress: o.Progress, Pin: o.Pin}, fn)
+	workers := o.Workers
+	if workers <= 0 {
+		workers = gdswriter.DefaultWorkers()
+	}
+	ro := gdswriter.ReadOptions{Workers: min(workers, last-first+1), Progress: o.Progress}
+	err = r.Stream(ctx, f.Chunks[first:last+1], ro, func(i int, raw []byte) error {
+		start := int64(first+i) * f.ChunkSize
+		lo, hi := max(off, start), min(off+n, start+int64(len(raw)))
+		return fn(raw[lo-start : hi-start])
+	})
+	var ce *gdswriter.ChunkError
+	if errors.As(err, &ce) {
+		ce.Index += first
+	}
+	return err
+}
+
+// EachChunk reads data file f of a complete checkpoint like StreamFile, but
+// calls fn for the chunks in any order, from several goroutines at once.
+func (s *Store) EachChunk(ctx context.Context, m *Manifest, f DataFile, o ReadOptions, fn func(i int, raw []byte) error) error {
+	return s.EachChunkOf(ctx, m, f, nil, o, fn)
+}
+
+// EachChunkOf is EachChunk for only the chunks whose indexes are listed
+// (all of them when indexes is nil).
+func (s *Store) EachChunkOf(ctx context.Context, m *Manifest, f DataFile, indexes []int, o ReadOptions, fn func(i int, raw []byte) error) error {
+	chunks := f.Chunks
+	if indexes != nil {
+		chunks = make([]gdswriter.Chunk, len(indexes))
+		for k, i := range indexes {
+			if i < 0 || i >= len(f.Chunks) {
+				return fmt.Errorf("%w: data file %s has no chunk %d", ErrBadManifest, f.Name, i)
+			}
+			chunks[k] = f.Chunks[i]
+		}
+	}
+	r, err := s.openData(m, f, o.NoDirect)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	index := func(k int) int {
+		if indexes == nil {
+			return k
+		}
+		return indexes[k]
+	}
+	err = r.ForEach(ctx, chunks, gdswriter.ReadOptions{Workers: o.Workers, Progress: o.Progress, Pin: o.Pin}, func(k int, raw []byte) error {
+		return fn(index(k), raw)
+	})
+	var ce *gdswriter.ChunkError
+	if errors.As(err, &ce) && indexes != nil {
+		ce.Index = index(ce.Index)
+	}
+	return err
 }
 
 // ReadFileInto reads the whole decoded stream of data file f into dst

@@ -119,6 +119,7 @@ func (e *env) restoreCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "gpu-map", Usage: "OLD=NEW,... (GPU indexes or UUIDs): restore GPU state onto other GPUs (default: the same GPUs, or the same index when they are not here)"},
 			&ucli.BoolFlag{Name: "force", Usage: "restore even if this machine does not match the checkpoint (files, mounts, driver, GPU models); the differences are printed as warnings"},
 			&ucli.BoolFlag{Name: "new-pidns", Usage: "restore into a new PID namespace, where the tree gets its own PIDs even if they are taken here"},
+			&ucli.BoolFlag{Name: "verify-first", Usage: "read and verify every image, memory included, before CRIU runs (by default the memory images are streamed to CRIU as they are verified; a bad chunk stops CRIU, which undoes the restore)"},
 			&ucli.BoolFlag{Name: "json", Usage: "print the PID and timings as JSON"},
 		), hookFlags(hooks.PostRestore)...),
 		Action: func(c *ucli.Context) error {
@@ -138,7 +139,7 @@ func (e *env) restoreCommand() *ucli.Command {
 			if c.Bool("new-pidns") {
 				pidns = restore.PIDNSAlways
 			}
-			res, err := hooks.Restore(c.Context, s, rec.ID, restore.Options{PIDWait: c.Duration("pid-wait"), Read: catalog.ReadOptions{}, GPUMap: gpuMap, Force: c.Bool("force"), PIDNS: pidns}, scripts(c, cfg), e.stderr)
+			res, err := hooks.Restore(c.Context, s, rec.ID, restore.Options{PIDWait: c.Duration("pid-wait"), Read: catalog.ReadOptions{}, GPUMap: gpuMap, Force: c.Bool("force"), PIDNS: pidns, VerifyFirst: c.Bool("verify-first")}, scripts(c, cfg), e.stderr)
 			if res == nil {
 				return err
 			}
@@ -151,11 +152,15 @@ func (e *env) restoreCommand() *ucli.Command {
 				return errors.Join(printJSON(e.stdout, map[string]any{
 					"warnings": res.Warnings, "id": rec.ID, "pid": res.PID, "unpack_seconds": res.Unpack.Seconds(), "criu_seconds": res.CRIU.Seconds(),
 					"gpu_seconds": res.GPU.Seconds(), "gpu_remapped": len(res.GPUPairs) > 0, "pid_inside_namespace": res.PIDInside,
-					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM,
+					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM, "streamed": res.Streamed,
 				}), hookErr)
 			}
-			fmt.Fprintf(e.stderr, "restored %s (job %s, step %d): unpack %s, criu %s\n", rec.ID, rec.Job, rec.Step,
-				res.Unpack.Round(time.Millisecond), res.CRIU.Round(time.Millisecond))
+			criuStep := "criu"
+			if res.Streamed {
+				criuStep = "criu (memory streamed)"
+			}
+			fmt.Fprintf(e.stderr, "restored %s (job %s, step %d): unpack %s, %s %s\n", rec.ID, rec.Job, rec.Step,
+				res.Unpack.Round(time.Millisecond), criuStep, res.CRIU.Round(time.Millisecond))
 			fmt.Fprintln(e.stdout, res.PID)
 			return hookErr
 		},

@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/cli"
 	"github.com/stasis-ckpt/stasis/criu"
 )
@@ -249,28 +251,91 @@ func TestCheckpointLeaveRunningAndPIDTaken(t *testing.T) {
 	waitCounting(t, out, len(counts(t, out))+5)
 }
 
+// TestRestoreRefusesCorruptImages flips one byte of a checkpoint in turn
+// inside a memory image (pages-N.img) and inside a small image, and
+// restores with the memory streamed to CRIU (the default) and with
+// --verify-first. A small image is refused before CRIU runs either way; a
+// memory image is refused before CRIU runs with --verify-first, and
+// streamed, CRIU stops where the bad chunk begins and undoes the restore.
+// Every time the error names the chunk, the tree does not run, and the
+// checkpoint, mended, restores after all.
 func TestRestoreRefusesCorruptImages(t *testing.T) {
 	requireCRIU(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	// 32 MiB of memory: its image spans several chunks, so that one of
+	// them holds nothing but memory.
 	home := t.TempDir()
-	pid, id, _, _ := checkpointedCounter(t, home)
-	data := filepath.Join(home, "checkpoints", id, "data.0000")
-	b, err := os.ReadFile(data)
+	out := filepath.Join(t.TempDir(), "count")
+	pid := startDetached(t, "python3", "testdata/memory.py", out, "32")
+	waitCounting(t, out, 3)
+	id := checkpointPID(t, home, pid)
+	waitGone(t, pid)
+	atDump := len(counts(t, out))
+	s, err := catalog.Open(home, catalog.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b[len(b)/2] ^= 0x01
-	os.WriteFile(data, b, 0o600)
-	expectCode(t, run(t, home, "restore", id), cli.ExitCorrupt, `data.0000: chunk \d+ at offset \d+: checksum mismatch`)
-	if alive(pid) {
-		t.Fatal("CRIU ran on corrupted images")
+	m, err := s.ReadManifest(id)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if leftovers, _ := filepath.Glob("/dev/shm/stasis-restore-*"); len(leftovers) > 0 {
-		for _, l := range leftovers {
-			if _, err := os.Stat(filepath.Join(l, ".lock")); err == nil {
-				t.Logf("scratch %s remains (maybe another test's)", l)
+	// chunkOf finds the data file chunk holding the middle of the first
+	// entry that match accepts, and where that chunk lies in the file.
+	chunkOf := func(match func(name string) bool) (index int, fileOffset int64) {
+		for _, e := range m.Entries {
+			if e.Type == catalog.EntryFile && e.Size > 0 && match(e.Path) {
+				df := m.Files[e.File]
+				i := int((e.Offset + e.Size/2) / df.ChunkSize)
+				return i, df.Chunks[i].Offset + df.Chunks[i].Stored/2
 			}
 		}
+		t.Fatal("no such image in the checkpoint")
+		return 0, 0
 	}
+	isPages := func(n string) bool { return strings.HasPrefix(n, "pages-") }
+	isCore := func(n string) bool { return strings.HasPrefix(n, "core-") }
+	data := filepath.Join(home, "checkpoints", id, "data.0000")
+	good, err := os.ReadFile(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name      string
+		image     func(string) bool
+		args      []string
+		criuRan   bool
+		errSuffix string
+	}{
+		{"memory image, streamed", isPages, nil, true, `CRIU stopped the restore there; nothing of the tree runs`},
+		{"memory image, --verify-first", isPages, []string{"--verify-first"}, false, ``},
+		{"small image, streamed", isCore, nil, false, ``},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			logs, _ := filepath.Glob(filepath.Join(home, "logs", "*restore.log"))
+			index, off := chunkOf(c.image)
+			bad := bytes.Clone(good)
+			bad[off] ^= 0x01
+			if err := os.WriteFile(data, bad, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			defer os.WriteFile(data, good, 0o600)
+			r := run(t, home, append([]string{"restore", id}, c.args...)...)
+			expectCode(t, r, cli.ExitCorrupt, fmt.Sprintf(`data\.0000: chunk %d at offset \d+: checksum mismatch.*%s`, index, c.errSuffix))
+			if alive(pid) {
+				t.Fatal("the tree runs after a restore from corrupted images")
+			}
+			after, _ := filepath.Glob(filepath.Join(home, "logs", "*restore.log"))
+			if ran := len(after) > len(logs); ran != c.criuRan {
+				t.Fatalf("CRIU ran: %v, want %v (restore logs kept: %v)", ran, c.criuRan, after)
+			}
+		})
+	}
+	if restored := restorePID(t, home, id); restored != pid {
+		t.Errorf("restored as PID %d, was %d", restored, pid)
+	}
+	consecutive(t, waitCounting(t, out, atDump+5))
 }
 
 func TestCheckpointErrors(t *testing.T) {

@@ -156,6 +156,12 @@ type Options struct {
 	// images are those of a tree with no namespace. PIDs given to CRIU
 	// are then that namespace's.
 	NamespacesOf int `json:"-"`
+	// Stream (restore only) has CRIU read the images from an
+	// ImageServer listening in the images directory instead of from
+	// files: `criu restore --stream`. CRIU offers streaming only on its
+	// command line (its RPC service refuses it), so such a restore runs
+	// `criu restore` rather than `criu swrk`, and takes no hooks.
+	Stream bool `json:"stream,omitempty"`
 }
 
 // InheritFD replaces, on restore, the outside resource CRIU's images name
@@ -288,6 +294,12 @@ func Dump(o Options, pid int, imagesDir, workDir string, hooks Hooks) error {
 // after stasis exits. It returns the root's PID. CRIU's log goes to
 // workDir/restore.log.
 func Restore(o Options, imagesDir, workDir string, hooks Hooks) (int, error) {
+	if o.Stream {
+		if hooks.PreDump != nil || hooks.PostDump != nil || hooks.PreRestore != nil || hooks.PostRestore != nil {
+			return 0, errors.New("criu restore: a streamed restore takes no hooks")
+		}
+		return restoreStreamed(o, imagesDir, workDir)
+	}
 	pid := 0
 	inner := hooks.PostRestore
 	hooks.PostRestore = func(p int) error {

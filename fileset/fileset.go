@@ -220,6 +220,10 @@ func copyFile(w *gdswriter.Writer, name string, size int64) error {
 // LoadOptions configure Load.
 type LoadOptions struct {
 	Read catalog.ReadOptions
+	// Skip, when set, leaves out the file entries it returns true for
+	// (Unpack only): a restore that streams CRIU's memory images from the
+	// store unpacks only the rest.
+	Skip func(catalog.Entry) bool
 }
 
 // Load writes the entries of a files checkpoint under dir. dir must not
@@ -306,7 +310,9 @@ func unpack(ctx context.Context, s *catalog.Store, m *catalog.Manifest, root str
 	for _, e := range m.Entries {
 		switch e.Type {
 		case catalog.EntryFile:
-			files = append(files, e)
+			if o.Skip == nil || !o.Skip(e) {
+				files = append(files, e)
+			}
 		case catalog.EntrySymlink:
 			if err := os.MkdirAll(filepath.Dir(local(e)), 0o700); err != nil {
 				return err
@@ -324,7 +330,7 @@ func unpack(ctx context.Context, s *catalog.Store, m *catalog.Manifest, root str
 	sorted := append([]catalog.Entry(nil), m.Entries...)
 	sort.SliceStable(sorted, func(i, j int) bool { return strings.Count(sorted[i].Path, "/") > strings.Count(sorted[j].Path, "/") })
 	for _, e := range sorted {
-		if e.Type == catalog.EntrySymlink {
+		if e.Type == catalog.EntrySymlink || e.Type == catalog.EntryFile && o.Skip != nil && o.Skip(e) {
 			continue
 		}
 		if err := os.Chmod(local(e), fs.FileMode(e.Mode)); err != nil {
@@ -394,7 +400,21 @@ func writeFiles(ctx context.Context, s *catalog.Store, m *catalog.Manifest, file
 				return fmt.Errorf("%w: entries %s and %s overlap in data file %s", catalog.ErrBadManifest, entries[i-1].Path, entries[i].Path, df.Name)
 			}
 		}
-		err := s.EachChunk(ctx, m, df, o.Read, func(i int, raw []byte) error {
+		// Only the chunks that hold the entries (a restore unpacks a
+		// few small images of a file that holds the memory images too).
+		var needed []int
+		covered := 0
+		for _, e := range entries {
+			first, last := int(e.Offset/df.ChunkSize), int((e.Offset+e.Size-1)/df.ChunkSize)
+			for i := max(first, covered); i <= last; i++ {
+				needed = append(needed, i)
+			}
+			covered = max(covered, last+1)
+		}
+		if len(needed) == len(df.Chunks) {
+			needed = nil
+		}
+		err := s.EachChunkOf(ctx, m, df, needed, o.Read, func(i int, raw []byte) error {
 			start := int64(i) * df.ChunkSize
 			end := start + int64(len(raw))
 			// The first entry that ends after this chunk starts.

@@ -23,6 +23,7 @@ import (
 	"github.com/stasis-ckpt/stasis/criu"
 	"github.com/stasis-ckpt/stasis/cuda"
 	"github.com/stasis-ckpt/stasis/fileset"
+	"github.com/stasis-ckpt/stasis/gdswriter"
 )
 
 // ErrPIDInUse is returned when a PID the tree must get back is taken.
@@ -66,6 +67,13 @@ type Options struct {
 	// (128 + n for signal n). Otherwise it stays as long as the tree runs.
 	Supervised bool
 	KillAfter  time.Duration
+	// VerifyFirst reads and verifies every image, the memory images
+	// included, into a scratch directory before CRIU runs, as CRIU by
+	// hand needs them. By default the memory images are streamed to CRIU
+	// (criu restore --stream) as they are read and verified, which
+	// overlaps reading the store with CRIU's restore; a chunk that fails
+	// its checks then stops CRIU, which undoes the restore.
+	VerifyFirst bool
 }
 
 // PIDNSMode is when a restore goes into a new PID namespace.
@@ -96,10 +104,14 @@ type Result struct {
 	// PIDTaken says why it did in PIDNSAuto: which PID was held by what.
 	PIDTaken string
 	Manifest *catalog.Manifest
-	// Unpack is reading and verifying the images; CRIU its restore; GPU
-	// the CUDA restore and unlock.
+	// Unpack is reading and verifying the images (only the small ones
+	// when Streamed); CRIU its restore (with the memory images streamed
+	// to it when Streamed); GPU the CUDA restore and unlock.
 	Unpack, CRIU, GPU, Total time.Duration
 	ImagesInRAM              bool
+	// Streamed says CRIU read the memory images from the store as it
+	// restored (criu restore --stream) rather than from unpacked files.
+	Streamed bool
 	GPUPairs                 []cuda.GPUPair // the GPU remapping used, if any
 	// Warnings are the ways this machine differs from the checkpoint
 	// that did not stop the restore, one line each.
@@ -153,7 +165,19 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 		return nil, err
 	}
 
-	scratch, err := s.NewScratch("restore", m.Bytes+m.Bytes/4+256<<20)
+	// Streamed, only the small images are unpacked before CRIU runs.
+	unpackOpts := fileset.LoadOptions{Read: o.Read}
+	unpackBytes := m.Bytes
+	if !o.VerifyFirst {
+		unpackOpts.Skip = streamedImage
+		unpackBytes = 0
+		for _, e := range m.Entries {
+			if e.Type == catalog.EntryFile && !streamedImage(e) {
+				unpackBytes += e.Size
+			}
+		}
+	}
+	scratch, err := s.NewScratch("restore", unpackBytes+unpackBytes/4+256<<20)
 	if err != nil {
 		return nil, err
 	}
@@ -162,9 +186,18 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 	if err != nil {
 		return nil, err
 	}
-	// Every chunk is verified here, before CRIU sees any image.
-	if err := fileset.Unpack(ctx, s, m, images, fileset.LoadOptions{Read: o.Read}); err != nil {
+	// Every chunk is verified here, before CRIU sees any image, or, for
+	// the memory images of a streamed restore, before CRIU reads it.
+	if err := fileset.Unpack(ctx, s, m, images, unpackOpts); err != nil {
 		return nil, err
+	}
+	var server *criu.ImageServer
+	if !o.VerifyFirst {
+		if server, err = serveImages(ctx, s, m, images, o.Read); err != nil {
+			return nil, err
+		}
+		defer server.Close()
+		co.Stream = true
 	}
 	unpacked := time.Now()
 	if !newNS {
@@ -173,7 +206,7 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 			return nil, err
 		}
 	}
-	res := &Result{Manifest: m, ImagesInRAM: scratch.InRAM(), Unpack: unpacked.Sub(start), GPUPairs: pairs, Warnings: warnings, PIDTaken: taken}
+	res := &Result{Manifest: m, ImagesInRAM: scratch.InRAM(), Streamed: server != nil, Unpack: unpacked.Sub(start), GPUPairs: pairs, Warnings: warnings, PIDTaken: taken}
 	if !newNS {
 		res.PID, err = criu.Restore(co, images, work, criu.Hooks{})
 		// Another process may take a PID between the check and CRIU's
@@ -187,6 +220,17 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 	}
 	if newNS {
 		res.PID, res.PIDInside, res.Init, err = restoreInNewPIDNS(co, images, work, o.Supervised, o.KillAfter)
+	}
+	if server != nil {
+		// Every image CRIU asked for has been sent by now, or CRIU has
+		// gone and the senders fail at once.
+		server.Close()
+		if err != nil {
+			if serr := server.Err(); errors.Is(serr, gdswriter.ErrCorrupt) || errors.Is(serr, context.Canceled) {
+				criu.KeepLog(err, s.KeepLog)
+				return nil, fmt.Errorf("%w (CRIU stopped the restore there; nothing of the tree runs; %v)", serr, err)
+			}
+		}
 	}
 	if err != nil {
 		criu.KeepLog(err, s.KeepLog)

@@ -1,0 +1,62 @@
+package restore
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/criu"
+)
+
+// streamedImage says whether entry e is served to CRIU straight from the
+// store while CRIU restores, rather than unpacked before it runs: CRIU's
+// memory images (pages-N.img), which hold almost all of a checkpoint's
+// bytes and which CRIU reads once, front to back.
+func streamedImage(e catalog.Entry) bool {
+	return e.Type == catalog.EntryFile && !strings.Contains(e.Path, "/") &&
+		strings.HasPrefix(e.Path, "pages-") && strings.HasSuffix(e.Path, ".img")
+}
+
+// serveImages answers `criu restore --stream` for checkpoint m: the memory
+// images are read from the store, verified and decoded chunk by chunk (several
+// chunks ahead) as CRIU reads them; every other image is read from the
+// files unpacked into images. A chunk that fails its checks ends its image
+// there, so CRIU fails and undoes the restore: no byte that was not
+// verified reaches a process that runs.
+func serveImages(ctx context.Context, s *catalog.Store, m *catalog.Manifest, images string, ro catalog.ReadOptions) (*criu.ImageServer, error) {
+	streamed := map[string]catalog.Entry{}
+	for _, e := range m.Entries {
+		if streamedImage(e) {
+			streamed[e.Path] = e
+		}
+	}
+	return criu.ServeImages(images, func(name string) (criu.ImageSender, bool) {
+		if e, ok := streamed[name]; ok {
+			return func(w io.Writer) error {
+				return s.StreamRange(ctx, m, m.Files[e.File], e.Offset, e.Size, ro, func(b []byte) error {
+					_, err := w.Write(b)
+					return err
+				})
+			}, true
+		}
+		if name == "" || name == "." || name == ".." || strings.Contains(name, "/") {
+			return nil, false
+		}
+		path := filepath.Join(images, name)
+		if st, err := os.Lstat(path); err != nil || !st.Mode().IsRegular() {
+			return nil, false
+		}
+		return func(w io.Writer) error {
+			f, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = io.Copy(w, f)
+			return err
+		}, true
+	})
+}
