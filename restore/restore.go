@@ -112,7 +112,7 @@ type Result struct {
 	// Streamed says CRIU read the memory images from the store as it
 	// restored (criu restore --stream) rather than from unpacked files.
 	Streamed bool
-	GPUPairs                 []cuda.GPUPair // the GPU remapping used, if any
+	GPUPairs []cuda.GPUPair // the GPU remapping used, if any
 	// Warnings are the ways this machine differs from the checkpoint
 	// that did not stop the restore, one line each.
 	Warnings []string
