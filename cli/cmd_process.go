@@ -152,7 +152,7 @@ func (e *env) restoreCommand() *ucli.Command {
 				return errors.Join(printJSON(e.stdout, map[string]any{
 					"warnings": res.Warnings, "id": rec.ID, "pid": res.PID, "unpack_seconds": res.Unpack.Seconds(), "criu_seconds": res.CRIU.Seconds(),
 					"gpu_seconds": res.GPU.Seconds(), "gpu_remapped": len(res.GPUPairs) > 0, "pid_inside_namespace": res.PIDInside,
-					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM, "streamed": res.Streamed,
+					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM, "streamed": res.Streamed, "stream_write_seconds": res.StreamWrite.Seconds(),
 				}), hookErr)
 			}
 			criuStep := "criu"

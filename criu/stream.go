@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -44,6 +45,7 @@ type ImageServer struct {
 	mu       sync.Mutex
 	errs     []error
 	served   map[string]int64
+	blocked  time.Duration
 }
 
 // ServeImages listens on ServeSocket in imagesDir and answers every CRIU
@@ -118,6 +120,7 @@ func (s *ImageServer) converse(c *net.UnixConn) error {
 			err := send(cw)
 			s.mu.Lock()
 			s.served[name] += cw.n
+			s.blocked += cw.blocked
 			s.mu.Unlock()
 			if err != nil {
 				s.fail(fmt.Errorf("image %s: %w", name, err))
@@ -129,13 +132,18 @@ func (s *ImageServer) converse(c *net.UnixConn) error {
 // pipeSize is what the image pipes are enlarged to.
 const pipeSize = 1 << 20
 
+// countingWriter counts the bytes written to a pipe and the time spent
+// writing them, most of it waiting for CRIU to read.
 type countingWriter struct {
-	w io.Writer
-	n int64
+	w       io.Writer
+	n       int64
+	blocked time.Duration
 }
 
 func (c *countingWriter) Write(b []byte) (int, error) {
+	start := time.Now()
 	n, err := c.w.Write(b)
+	c.blocked += time.Since(start)
 	c.n += int64(n)
 	return n, err
 }
@@ -177,6 +185,15 @@ func (s *ImageServer) Served() map[string]int64 {
 		out[k] = v
 	}
 	return out
+}
+
+// WriteTime is the time the senders spent writing into CRIU's pipes,
+// summed over them: when it is most of the restore, CRIU, not the store,
+// set the pace.
+func (s *ImageServer) WriteTime() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.blocked
 }
 
 // maxRequest bounds a request: a file name.

@@ -1,10 +1,11 @@
 // Package restore is the whole-process restore state machine: it checks the
 // checkpoint and the machine first (kind; the files the tree maps, its
 // mounts, the driver and GPU models, each mismatch named; the kernel and
-// CRIU versions, warned about; the tree's PIDs free), unpacks the images
-// into a scratch directory (in RAM when they fit) verifying every chunk
-// before CRIU runs, and has CRIU restore the tree detached, so that it
-// outlives stasis. When the tree's PIDs are taken it can restore it into a
+// CRIU versions, warned about; the tree's PIDs free), unpacks the small
+// images into a scratch directory (in RAM when they fit) verifying every
+// chunk, and has CRIU restore the tree detached, so that it outlives
+// stasis, streaming the memory images to CRIU from the store as they are
+// verified (or, Options.VerifyFirst, unpacking them first too). When the tree's PIDs are taken it can restore it into a
 // new PID namespace instead (Options.PIDNS), whose init is a copy of
 // stasis that runs CRIU in there.
 package restore
@@ -112,6 +113,10 @@ type Result struct {
 	// Streamed says CRIU read the memory images from the store as it
 	// restored (criu restore --stream) rather than from unpacked files.
 	Streamed bool
+	// StreamWrite is the time spent writing the memory images into
+	// CRIU's pipes (mostly waiting for CRIU to read them): close to CRIU
+	// means CRIU set the pace, far below it the store did.
+	StreamWrite time.Duration
 	GPUPairs []cuda.GPUPair // the GPU remapping used, if any
 	// Warnings are the ways this machine differs from the checkpoint
 	// that did not stop the restore, one line each.
@@ -225,6 +230,7 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 		// Every image CRIU asked for has been sent by now, or CRIU has
 		// gone and the senders fail at once.
 		server.Close()
+		res.StreamWrite = server.WriteTime()
 		if err != nil {
 			if serr := server.Err(); errors.Is(serr, gdswriter.ErrCorrupt) || errors.Is(serr, context.Canceled) {
 				criu.KeepLog(err, s.KeepLog)
