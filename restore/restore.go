@@ -117,7 +117,7 @@ type Result struct {
 	// CRIU's pipes (mostly waiting for CRIU to read them): close to CRIU
 	// means CRIU set the pace, far below it the store did.
 	StreamWrite time.Duration
-	GPUPairs []cuda.GPUPair // the GPU remapping used, if any
+	GPUPairs    []cuda.GPUPair // the GPU remapping used, if any
 	// Warnings are the ways this machine differs from the checkpoint
 	// that did not stop the restore, one line each.
 	Warnings []string
