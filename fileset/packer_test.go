@@ -3,6 +3,7 @@ package fileset_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -190,5 +191,52 @@ func TestPackerFollowPunch(t *testing.T) {
 		if got, _ := os.ReadFile(filepath.Join(out, "pages-1.img")); !bytes.Equal(got, pages) {
 			t.Fatal("the checkpoint does not hold the streamed bytes")
 		}
+	}
+}
+
+// TestUnpackSkip unpacks all but the files Skip names, reading only the
+// chunks the others need: a chunk that only a skipped file uses may be
+// corrupted without failing the unpack.
+func TestUnpackSkip(t *testing.T) {
+	s := mustStore(t)
+	src := t.TempDir()
+	big, small := randBytes(6*chunk, 7), randBytes(1000, 8)
+	write(t, filepath.Join(src, "a-big"), big, 0o600)
+	write(t, filepath.Join(src, "b-small"), small, 0o600)
+	rec, err := fileset.Save(context.Background(), s, []string{filepath.Join(src, "a-big"), filepath.Join(src, "b-small")}, opts("skip"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.ReadManifest(rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bigEntry catalog.Entry
+	for _, e := range m.Entries {
+		if e.Path == "a-big" {
+			bigEntry = e
+		}
+	}
+	// Corrupt a chunk that holds nothing but a-big.
+	df := m.Files[bigEntry.File]
+	i := int((bigEntry.Offset + df.ChunkSize) / df.ChunkSize)
+	path := filepath.Join(s.CheckpointDir(rec.ID), df.Name)
+	b, _ := os.ReadFile(path)
+	b[df.Chunks[i].Offset] ^= 1
+	os.WriteFile(path, b, 0o600)
+
+	out := t.TempDir()
+	skipBig := func(e catalog.Entry) bool { return e.Path == "a-big" }
+	if err := fileset.Unpack(context.Background(), s, m, out, fileset.LoadOptions{Skip: skipBig}); err != nil {
+		t.Fatalf("Unpack skipping a-big read its chunk: %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(out, "b-small")); err != nil || !bytes.Equal(got, small) {
+		t.Fatalf("b-small: %d bytes, %v", len(got), err)
+	}
+	if _, err := os.Stat(filepath.Join(out, "a-big")); !os.IsNotExist(err) {
+		t.Fatalf("a skipped file was written: %v", err)
+	}
+	if err := fileset.Unpack(context.Background(), s, m, t.TempDir(), fileset.LoadOptions{}); !errors.Is(err, gdswriter.ErrCorrupt) {
+		t.Fatalf("Unpack of everything: %v, want the corrupted chunk", err)
 	}
 }
