@@ -192,6 +192,6 @@ func (s *Store) Load(ctx context.Context, id string, into []Tensor) (Record, err
 	if err != nil {
 		return Record{}, err
 	}
-	_, err = tensors.Load(ctx, s.cat, rec.ID, into, catalog.ReadOptions{Workers: s.workers})
+	_, err = tensors.Load(ctx, s.cat, rec.ID, into, tensors.LoadOptions{Read: catalog.ReadOptions{Workers: s.workers}})
 	return rec, err
 }

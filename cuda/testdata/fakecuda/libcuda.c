@@ -222,13 +222,17 @@ int cuCheckpointProcessUnlock(int pid, void *args) { (void)args; return transiti
 int cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) { *tid = pid; return OK; }
 #endif
 
+/* Handles are addresses of objects of the library's own: stasis keeps
+ * them in pointer-typed Go values, which must not hold small numbers. */
+static char the_ctx, the_stream, the_module, the_kernel;
+
 int cuPointerGetAttribute(void *data, int attribute, unsigned long long ptr) {
 	(void)attribute; (void)ptr;
-	*(void **)data = (void *)1;
+	*(void **)data = &the_ctx;
 	return OK;
 }
 int cuCtxSetCurrent(void *ctx) { (void)ctx; return OK; }
-int cuDevicePrimaryCtxRetain(void **ctx, int dev) { (void)dev; *ctx = (void *)1; return OK; }
+int cuDevicePrimaryCtxRetain(void **ctx, int dev) { (void)dev; *ctx = &the_ctx; return OK; }
 int cuMemcpyDtoH_v2(void *dst, unsigned long long src, size_t n) {
 	static int calls;
 	int failAt = readint("fail-dtoh", 0);
@@ -238,7 +242,7 @@ int cuMemcpyDtoH_v2(void *dst, unsigned long long src, size_t n) {
 }
 /* Streams: copies queued on a stream are made at once; a failing copy
  * counts with the synchronous ones for fail-dtoh. */
-int cuStreamCreate(void **stream, unsigned int flags) { (void)flags; *stream = (void *)2; logcall("stream-create", 0, OK); return OK; }
+int cuStreamCreate(void **stream, unsigned int flags) { (void)flags; *stream = &the_stream; logcall("stream-create", 0, OK); return OK; }
 int cuStreamDestroy_v2(void *stream) { (void)stream; logcall("stream-destroy", 0, OK); return OK; }
 int cuStreamSynchronize(void *stream) { (void)stream; return OK; }
 int cuMemcpyDtoHAsync_v2(void *dst, unsigned long long src, size_t n, void *stream) { (void)stream; return cuMemcpyDtoH_v2(dst, src, n); }
@@ -252,7 +256,7 @@ int cuMemFree_v2(unsigned long long p) { free((void *)p); return OK; }
 static const char crc_kernel[] = "stasis_crc32c_blocks";
 int cuModuleLoadData(void **mod, const void *image) {
 	int r = strstr((const char *)image, crc_kernel) ? OK : INVALID_IMAGE;
-	if (r == OK) *mod = (void *)3;
+	if (r == OK) *mod = &the_module;
 	logcall("module-load", 0, r);
 	return r;
 }
@@ -260,7 +264,7 @@ int cuModuleUnload(void *mod) { (void)mod; logcall("module-unload", 0, OK); retu
 int cuModuleGetFunction(void **fn, void *mod, const char *name) {
 	(void)mod;
 	if (strcmp(name, crc_kernel)) return NOT_FOUND;
-	*fn = (void *)4;
+	*fn = &the_kernel;
 	return OK;
 }
 static unsigned int crc32c(const unsigned char *p, unsigned long long n) {
@@ -275,7 +279,7 @@ static unsigned int crc32c(const unsigned char *p, unsigned long long n) {
 int cuLaunchKernel(void *fn, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
                    unsigned int bz, unsigned int shared, void *stream, void **params, void **extra) {
 	(void)gy; (void)gz; (void)by; (void)bz; (void)shared; (void)stream; (void)extra;
-	if (fn != (void *)4 || failing("launch")) {
+	if (fn != &the_kernel || failing("launch")) {
 		logcall("launch", 0, UNKNOWN);
 		return UNKNOWN;
 	}
