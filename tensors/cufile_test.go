@@ -146,7 +146,7 @@ func TestCuFileRoundTrip(t *testing.T) {
 	meta := metaOf(t, s, rec.ID)
 	// Chunks 0 and 1 lie inside "big", chunks 4 and 5 inside "mid"; the
 	// others span tensors or hold host memory.
-	if meta.IOPath != "cufile-compat" || !strings.HasPrefix(meta.Why, "4 of 7 chunks written by cuFileWrite") || !strings.Contains(meta.Why, "compat mode") {
+	if meta.IOPath != "cufile-compat" || !strings.HasPrefix(meta.Why, "4 of 7 chunks written by cuFileWrite") || !strings.Contains(meta.Why, "compat mode") || strings.Contains(meta.Why, "compression") {
 		t.Fatalf("meta %+v", meta)
 	}
 	if c := cudatest.Calls(fakeDir); c["cufile-write"] != 4 || c["launch"] != 4 || c["cufile-buf-register"] != 2 {
@@ -223,7 +223,7 @@ func TestCuFileAuto(t *testing.T) {
 	t.Setenv(IOEnv, "")
 
 	withGDS(t)
-	rec, err = Save(context.Background(), s, ts, SaveOptions{Job: "auto", Writer: none})
+	rec, err = Save(context.Background(), s, ts, SaveOptions{Job: "auto"}) // no method: uncompressed
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,17 +308,20 @@ func TestCuFileHandleRefused(t *testing.T) {
 }
 
 // TestCuFileBuffersRefused: a GPU buffer cuFile will not register is
-// written unregistered, and the manifest says so.
+// written unregistered, and the manifest says so; compression asked for
+// beside cufile applies to the chunks cuFile does not write.
 func TestCuFileBuffersRefused(t *testing.T) {
 	needStandIn(t)
 	s := mustStore(t)
 	ts, _ := cuFileState(t)
 	cudatest.Switch(t, fakeDir, "fail-cufile-buf", "")
-	rec, err := Save(context.Background(), s, ts, SaveOptions{Job: "unregistered", IO: IOCuFile})
+	zstd := gdswriter.WriterOptions{Method: gdswriter.MethodZstd}
+	rec, err := Save(context.Background(), s, ts, SaveOptions{Job: "unregistered", IO: IOCuFile, Writer: zstd})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if meta := metaOf(t, s, rec.ID); meta.IOPath != "cufile-compat" || !strings.HasSuffix(meta.Why, "; 2 GPU buffers went unregistered (cuFileBufRegister failed: GPU memory pinning failed (cuFile error 5036))") {
+	if meta := metaOf(t, s, rec.ID); meta.IOPath != "cufile-compat" || !strings.Contains(meta.Why, "; compression (zstd) applied to those others only") ||
+		!strings.HasSuffix(meta.Why, "; 2 GPU buffers went unregistered (cuFileBufRegister failed: GPU memory pinning failed (cuFile error 5036))") {
 		t.Fatalf("meta %+v", meta)
 	}
 	balanced(t)

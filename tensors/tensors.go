@@ -186,7 +186,7 @@ func Save(ctx context.Context, s *catalog.Store, ts []Tensor, o SaveOptions) (*c
 	var cf *cuda.CuFile
 	whyNot := ""
 	if drv != nil {
-		if cf, whyNot, err = cuFileFor(mode, wo.Method != gdswriter.MethodNone, drv); err != nil {
+		if cf, whyNot, err = cuFileFor(mode, compressed(wo), drv); err != nil {
 			return nil, err
 		}
 	}
@@ -269,7 +269,7 @@ func save(ctx context.Context, p *catalog.Pending, drv *cuda.Driver, ctxs map[st
 		meta.IOPath = ioPathName(plan.cf)
 		meta.Why = fmt.Sprintf("%d of %d chunks written by cuFileWrite straight from GPU memory (%s), each checksummed on the GPU; the other %d (spanning tensors, in host memory, or a short last chunk) through pinned chunk buffers",
 			res.DeviceChunks, len(res.Chunks), plan.cf.ModeWhy, len(res.Chunks)-res.DeviceChunks)
-		if plan.mode == IOCuFile && wo.Method != gdswriter.MethodNone {
+		if plan.mode == IOCuFile && compressed(wo) {
 			meta.Why += fmt.Sprintf("; compression (%s) applied to those others only: cuFile writes raw bytes", wo.Method)
 		}
 		meta.Why += dio.refusals()
@@ -308,6 +308,11 @@ func readToDevice(ctx context.Context, s *catalog.Store, m *catalog.Manifest, df
 		dio.register(base, n)
 	}
 	return true, r.ReadToDevice(ctx, f, direct, gdswriter.ReadOptions{Workers: o.Workers, Progress: o.Progress})
+}
+
+// compressed reports whether a save asks for compression ("" is none).
+func compressed(wo gdswriter.WriterOptions) bool {
+	return wo.Method != "" && wo.Method != gdswriter.MethodNone
 }
 
 // useCuFile registers the data file with cuFile, and the GPU buffers that
