@@ -71,9 +71,14 @@ func cuFileFor(mode string, compressed bool, drv *cuda.Driver) (*cuda.CuFile, st
 		return nil, err.Error(), nil
 	}
 	if mode == IOAuto && !cf.GDS {
-		return nil, cf.ModeWhy + "; that is POSIX I/O underneath, slower than stasis's own pipeline (" + IOEnv + "=cufile uses it all the same)", nil
+		return nil, compatWhy(cf), nil
 	}
 	return cf, "", nil
+}
+
+// compatWhy is why auto passes cuFile over in compat mode.
+func compatWhy(cf *cuda.CuFile) string {
+	return cf.ModeWhy + "; that is POSIX I/O underneath, slower than stasis's own pipeline (" + IOEnv + "=cufile uses it all the same)"
 }
 
 // ioPathName is what the manifest records for a save that went through
@@ -212,4 +217,23 @@ func (f *cufileFile) Close() error {
 func holdsWholeChunk(off, n, chunkSize int64) bool {
 	first := (off + chunkSize - 1) / chunkSize * chunkSize
 	return first+chunkSize <= off+n
+}
+
+// AutoChoice says which I/O path auto takes on this machine for an
+// uncompressed save of GPU memory ("cufile" or "pinned") and why, with the
+// library when it loads: what `stasis doctor` reports. It opens libcuda
+// and the cuFile driver.
+func AutoChoice() (path, why string, cf *cuda.CuFile) {
+	drv, err := cuda.LoadLibrary()
+	if err != nil {
+		return IOPinned, "libcuda does not load, so there is no GPU memory to move", nil
+	}
+	cf, err = openCuFile(drv)
+	if err != nil {
+		return IOPinned, err.Error(), nil
+	}
+	if !cf.GDS {
+		return IOPinned, compatWhy(cf), cf
+	}
+	return IOCuFile, cf.ModeWhy + ": uncompressed saves and loads of GPU memory go through cuFile (compressed saves through the pinned pipeline)", cf
 }
