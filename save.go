@@ -24,6 +24,7 @@ type Checkpoint struct {
 	names   map[string]bool
 	state   json.RawMessage
 	method  gdswriter.Method // "" for the store's
+	io      string           // "" for the store's
 	used    bool
 }
 
@@ -83,6 +84,18 @@ func (c *Checkpoint) SetCompress(method string) error {
 	return nil
 }
 
+// SetIO chooses the I/O path of this checkpoint's GPU buffers ("auto",
+// "cufile", "pinned") instead of the store's, for Commit; CommitAsync
+// copies them into a host snapshot, written through stasis's own
+// pipeline whatever the path.
+func (c *Checkpoint) SetIO(io string) error {
+	if _, err := tensors.ParseIO(io); err != nil {
+		return err
+	}
+	c.io = io
+	return nil
+}
+
 // Tag adds a tag to the checkpoint's record.
 func (c *Checkpoint) Tag(key, value string) {
 	if c.tags == nil {
@@ -97,8 +110,12 @@ func (c *Checkpoint) options(meta tensors.Meta) tensors.SaveOptions {
 	if method == "" {
 		method = c.store.method
 	}
+	io := c.io
+	if io == "" {
+		io = c.store.io
+	}
 	return tensors.SaveOptions{
-		Job: c.job, Step: c.step, Tags: maps.Clone(c.tags), Meta: meta,
+		Job: c.job, Step: c.step, Tags: maps.Clone(c.tags), Meta: meta, IO: io,
 		Writer: gdswriter.WriterOptions{Method: method, Workers: c.store.workers},
 	}
 }

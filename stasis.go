@@ -57,6 +57,10 @@ type Options struct {
 	// Workers is the number of compression and I/O workers (0: the
 	// writer's default).
 	Workers int
+	// IO is the I/O path of GPU memory in blocking saves and in loads:
+	// "auto", "cufile" or "pinned" (tensors.IOAuto, ...); "" is
+	// $STASIS_IO, else auto.
+	IO string
 }
 
 // Store is an open checkpoint store. Its methods may be called from several
@@ -65,6 +69,7 @@ type Store struct {
 	cat     *catalog.Store
 	method  gdswriter.Method
 	workers int
+	io      string // "" for $STASIS_IO
 
 	saveMu   sync.Mutex // held while a save is begun: one snapshot at a time
 	inflight *Save      // the latest asynchronous save
@@ -94,11 +99,16 @@ func Open(o Options) (*Store, error) {
 			return nil, fmt.Errorf("%w: %v", catalog.ErrInvalid, err)
 		}
 	}
+	if o.IO != "" {
+		if _, err := tensors.ParseIO(o.IO); err != nil {
+			return nil, err
+		}
+	}
 	cat, err := catalog.Open(home, catalog.Options{LockTimeout: o.LockTimeout})
 	if err != nil {
 		return nil, err
 	}
-	return &Store{cat: cat, method: method, workers: o.Workers}, nil
+	return &Store{cat: cat, method: method, workers: o.Workers, io: o.IO}, nil
 }
 
 // Home is the store's directory.
@@ -155,7 +165,10 @@ type Info struct {
 	Record
 	Tensors []Tensor        `json:"tensors"`
 	State   json.RawMessage `json:"state,omitempty"`
-	IOPath  string          `json:"io_path"`
+	// IOPath is the path the saved bytes took (pinned, cufile,
+	// cufile-compat, host, snapshot), and IOWhy why.
+	IOPath string `json:"io_path"`
+	IOWhy  string `json:"io_why,omitempty"`
 }
 
 // Describe reads the manifest of the checkpoint whose ID starts with id.
@@ -178,7 +191,7 @@ func (s *Store) Describe(id string) (*Info, error) {
 		if err := json.Unmarshal(m.Meta, &meta); err != nil {
 			return nil, fmt.Errorf("%w: checkpoint %s: meta: %v", catalog.ErrBadManifest, rec.ID, err)
 		}
-		info.State, info.IOPath = meta.State, meta.IOPath
+		info.State, info.IOPath, info.IOWhy = meta.State, meta.IOPath, meta.Why
 	}
 	return info, nil
 }
@@ -186,12 +199,28 @@ func (s *Store) Describe(id string) (*Info, error) {
 // Load reads the checkpoint whose ID starts with id into the buffers of
 // into, matched by name: every tensor it holds needs a buffer of the same
 // dtype and size, and every buffer a tensor (the first mismatch is named).
-// Every chunk is verified before its bytes reach a buffer.
+// Every chunk is verified before its bytes reach a buffer, or, read by
+// cuFile, in the GPU buffer it lands in (tensors.Load).
 func (s *Store) Load(ctx context.Context, id string, into []Tensor) (Record, error) {
+	return s.LoadWith(ctx, id, into, LoadOptions{})
+}
+
+// LoadOptions configure LoadWith.
+type LoadOptions struct {
+	// IO is the I/O path of GPU buffers, as Options.IO; "" is the store's.
+	IO string
+}
+
+// LoadWith is Load with options.
+func (s *Store) LoadWith(ctx context.Context, id string, into []Tensor, o LoadOptions) (Record, error) {
+	io := o.IO
+	if io == "" {
+		io = s.io
+	}
 	rec, err := s.cat.Resolve(id)
 	if err != nil {
 		return Record{}, err
 	}
-	_, err = tensors.Load(ctx, s.cat, rec.ID, into, catalog.ReadOptions{Workers: s.workers})
+	_, err = tensors.Load(ctx, s.cat, rec.ID, into, tensors.LoadOptions{Read: catalog.ReadOptions{Workers: s.workers}, IO: io})
 	return rec, err
 }

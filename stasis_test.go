@@ -375,3 +375,44 @@ func TestClosedStoreCommitsNothing(t *testing.T) {
 		t.Fatalf("Close twice: %v", err)
 	}
 }
+
+// TestCuFilePath commits GPU buffers through cuFile (the stand-in
+// libcufile) and loads them back through it and through the pinned path;
+// Describe says which path the bytes took, and why.
+func TestCuFilePath(t *testing.T) {
+	if fakeDir == "" {
+		t.Skip("the stand-in driver could not be built (no gcc)")
+	}
+	s := openStore(t)
+	src := mapped(t, 9<<20)
+	copy(src, random(len(src), 21))
+	w := Tensor{Name: "w", DType: "uint8", Shape: []int64{9 << 20}, Device: devicePtr(src), Bytes: 9 << 20}
+	c := s.Begin("cufile", 1)
+	c.Add(w)
+	if err := c.SetIO("gds"); !errors.Is(err, catalog.ErrInvalid) {
+		t.Fatalf("SetIO(gds): %v", err)
+	}
+	c.SetCompress("none")
+	if err := c.SetIO("cufile"); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := c.Commit(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Describe(rec.ID)
+	if err != nil || info.IOPath != "cufile-compat" || !strings.HasPrefix(info.IOWhy, "2 of 3 chunks written by cuFileWrite") {
+		t.Fatalf("Describe: %+v, %v", info, err)
+	}
+	for _, io := range []string{"cufile", "pinned"} {
+		dst := mapped(t, 9<<20)
+		into := []Tensor{w}
+		into[0].Device = devicePtr(dst)
+		if _, err := s.LoadWith(context.Background(), rec.ID, into, LoadOptions{IO: io}); err != nil || !bytes.Equal(dst, src) {
+			t.Fatalf("load through %s: %v", io, err)
+		}
+	}
+	if _, err := Open(Options{Home: s.Home(), IO: "direct"}); !errors.Is(err, catalog.ErrInvalid) {
+		t.Fatalf("Open with IO direct: %v", err)
+	}
+}

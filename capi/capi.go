@@ -34,6 +34,7 @@ import (
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/cuda"
 	"github.com/stasis-ckpt/stasis/gdswriter"
+	"github.com/stasis-ckpt/stasis/tensors"
 	"golang.org/x/sys/unix"
 )
 
@@ -105,7 +106,7 @@ func errCode(err error) C.int {
 		return C.STASIS_EBUSY
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
 		return C.STASIS_ENOSPACE
-	case errors.Is(err, cuda.ErrUnavailable):
+	case errors.Is(err, cuda.ErrUnavailable), errors.Is(err, tensors.ErrCuFileUnavailable):
 		return C.STASIS_EUNAVAILABLE
 	case errors.Is(err, context.Canceled):
 		return C.STASIS_ECANCELED
@@ -267,6 +268,15 @@ func stasis_set_compress(h C.stasis_checkpoint, method *C.char, e *C.stasis_erro
 	return fail(e, c.SetCompress(goString(method)))
 }
 
+//export stasis_set_io
+func stasis_set_io(h C.stasis_checkpoint, io *C.char, e *C.stasis_error) C.int {
+	c, err := lookup[*stasis.Checkpoint](C.uint64_t(h), "checkpoint")
+	if err != nil {
+		return fail(e, err)
+	}
+	return fail(e, c.SetIO(goString(io)))
+}
+
 //export stasis_set_state
 func stasis_set_state(h C.stasis_checkpoint, state *C.char, e *C.stasis_error) C.int {
 	c, err := lookup[*stasis.Checkpoint](C.uint64_t(h), "checkpoint")
@@ -406,21 +416,32 @@ func stasis_describe(h C.stasis_store, id *C.char, out **C.char, e *C.stasis_err
 		Tensors []tensorInfo    `json:"tensors"`
 		State   json.RawMessage `json:"state,omitempty"`
 		IOPath  string          `json:"io_path"`
-	}{info.Record, ts, info.State, info.IOPath}
+		IOWhy   string          `json:"io_why,omitempty"`
+	}{info.Record, ts, info.State, info.IOPath, info.IOWhy}
 	return fail(e, putJSON(out, view))
 }
 
 //export stasis_load
 func stasis_load(h C.stasis_store, id *C.char, p *C.stasis_tensor, n C.size_t, e *C.stasis_error) C.int {
+	return stasis_load_io(h, id, p, n, nil, e)
+}
+
+//export stasis_load_io
+func stasis_load_io(h C.stasis_store, id *C.char, p *C.stasis_tensor, n C.size_t, io *C.char, e *C.stasis_error) C.int {
 	s, err := lookup[*stasis.Store](C.uint64_t(h), "store")
 	if err != nil {
 		return fail(e, err)
+	}
+	if goString(io) != "" {
+		if _, err := tensors.ParseIO(goString(io)); err != nil {
+			return fail(e, err)
+		}
 	}
 	into, err := tensorsOf(p, n)
 	if err != nil {
 		return fail(e, err)
 	}
-	_, err = s.Load(context.Background(), goString(id), into)
+	_, err = s.LoadWith(context.Background(), goString(id), into, stasis.LoadOptions{IO: goString(io)})
 	return fail(e, err)
 }
 

@@ -46,7 +46,7 @@ typedef enum {
 	STASIS_ECORRUPT = 5,     /* stored data or a manifest failed its checks */
 	STASIS_EBUSY = 6,        /* the catalog stayed locked by another process */
 	STASIS_ENOSPACE = 7,     /* the store's file system is full; nothing was listed */
-	STASIS_EUNAVAILABLE = 8, /* GPU buffers given, but no usable CUDA driver */
+	STASIS_EUNAVAILABLE = 8, /* GPU buffers given, but no usable CUDA driver; or cuFile asked for where it cannot work */
 	STASIS_EMISMATCH = 12,   /* buffers do not match their description or the checkpoint */
 	STASIS_EINFLIGHT = 13,   /* STASIS_FAIL_IF_BUSY and a save is in flight */
 	STASIS_ECANCELED = 130   /* the save was cancelled */
@@ -109,6 +109,14 @@ int stasis_add(stasis_checkpoint c, const stasis_tensor *tensors, size_t n, stas
 /* Chooses the codec method of c ("auto", "none", "zstd", "s2") instead
  * of the store's. */
 int stasis_set_compress(stasis_checkpoint c, const char *method, stasis_error *err);
+/* Chooses the I/O path of c's GPU buffers for a blocking commit: "auto"
+ * (cuFile where it does GPUDirect Storage and the save is uncompressed,
+ * else stasis's pinned pipeline), "cufile" (cuFile for every chunk that
+ * lies inside one GPU buffer, compat mode included; STASIS_EUNAVAILABLE
+ * where cuFile cannot work) or "pinned"; NULL or "": $STASIS_IO, else
+ * auto. An asynchronous commit writes its host snapshot through the
+ * pinned pipeline whatever the path. */
+int stasis_set_io(stasis_checkpoint c, const char *io, stasis_error *err);
 /* Records a JSON value describing the state (returned by stasis_describe). */
 int stasis_set_state(stasis_checkpoint c, const char *json, stasis_error *err);
 /* Commits c, which is released whatever the outcome. Blocking (flags 0):
@@ -136,12 +144,18 @@ int stasis_find(stasis_store s, const char *job, int64_t step, char **record_jso
 /* The records of job's checkpoints ("" or NULL: every job) as a JSON array. */
 int stasis_list(stasis_store s, const char *job, char **records_json, stasis_error *err);
 /* The checkpoint whose ID starts with id: record, tensors (name, dtype,
- * shape, bytes), state and io_path, as a JSON object. */
+ * shape, bytes), state, io_path and io_why (the path the saved bytes took,
+ * and why), as a JSON object. */
 int stasis_describe(stasis_store s, const char *id, char **info_json, stasis_error *err);
 /* Loads the checkpoint whose ID starts with id into n buffers, matched by
  * name; every chunk is verified first. On error the buffers may hold a mix
  * of old and new bytes. */
 int stasis_load(stasis_store s, const char *id, const stasis_tensor *into, size_t n, stasis_error *err);
+/* stasis_load with the I/O path of GPU buffers (as stasis_set_io; NULL or
+ * "": $STASIS_IO, else auto). Through cuFile, raw chunks that lie inside
+ * one GPU buffer are read straight into it and verified there: one that
+ * fails its checksum is STASIS_ECORRUPT, its bytes left in the buffer. */
+int stasis_load_io(stasis_store s, const char *id, const stasis_tensor *into, size_t n, const char *io, stasis_error *err);
 
 /* Frees a string the library returned. */
 void stasis_free(void *p);

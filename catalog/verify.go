@@ -35,6 +35,13 @@ func (s *Store) openData(m *Manifest, f DataFile, noDirect bool) (*gdswriter.Rea
 	return gdswriter.OpenReader(path, noDirect)
 }
 
+// OpenData opens data file f of a complete checkpoint for reading, after
+// checking its size against the manifest: for readers that go to the
+// chunks themselves (straight into device memory). The caller closes it.
+func (s *Store) OpenData(m *Manifest, f DataFile, noDirect bool) (*gdswriter.Reader, error) {
+	return s.openData(m, f, noDirect)
+}
+
 // StreamFile reads data file f of a complete checkpoint, verifying every
 // chunk, and calls fn with the decoded chunks in order. Bad data comes back
 // as an error that wraps gdswriter.ErrCorrupt and names the file and chunk.

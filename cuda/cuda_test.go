@@ -200,3 +200,20 @@ func TestUsesCUDA(t *testing.T) {
 		t.Fatal("this process mapped a libcuda.so.1 and UsesCUDA does not see it")
 	}
 }
+
+func TestVersionLess(t *testing.T) {
+	in := []string{"/usr/local/cuda-12.9/t", "/usr/local/cuda-12.10/t", "/usr/local/cuda-13.0/t", "/usr/local/cuda-11.8/t"}
+	for i := range in {
+		for j := range in {
+			if VersionLess(in[i], in[j]) && VersionLess(in[j], in[i]) {
+				t.Fatalf("%s and %s both less than each other", in[i], in[j])
+			}
+		}
+	}
+	if !VersionLess("/usr/local/cuda-12.9/t", "/usr/local/cuda-12.10/t") {
+		t.Error("12.9 should sort before 12.10")
+	}
+	if !VersionLess("/usr/local/cuda-12.10/t", "/usr/local/cuda-13.0/t") {
+		t.Error("12.10 should sort before 13.0")
+	}
+}

@@ -6,6 +6,11 @@
 // CUDA; there Load returns an error wrapping ErrUnavailable that says why.
 // No other package knows a C symbol.
 //
+// cufile.go binds NVIDIA's cuFile (libcufile.so.0, also dlopened) for the
+// tensor path's cuFile I/O, and kernel.go runs stasis's one GPU kernel,
+// the CRC32C of kernels/crc32c.cu, embedded as PTX, which checksums GPU
+// memory that cuFile moves without it passing through host memory.
+//
 // The process checkpoint calls have two backends behind one Driver:
 // libcuda's checkpoint API (cuCheckpointProcess*, drivers 570 and later),
 // and, where libcuda lacks it, NVIDIA's cuda-checkpoint binary (tool.go),

@@ -42,6 +42,11 @@ typedef CUresult (*fnStreamCreate)(void **, unsigned int);
 typedef CUresult (*fnStreamDestroy)(void *);
 typedef CUresult (*fnStreamSynchronize)(void *);
 typedef CUresult (*fnMemcpyDtoHAsync)(void *, uint64_t, size_t, void *);
+typedef CUresult (*fnModuleLoadData)(void **, const void *);
+typedef CUresult (*fnModuleUnload)(void *);
+typedef CUresult (*fnModuleGetFunction)(void **, void *, const char *);
+typedef CUresult (*fnLaunchKernel)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+	unsigned int, void *, void **, void **);
 
 typedef struct {
 	void *handle;
@@ -71,6 +76,10 @@ typedef struct {
 	fnStreamDestroy streamDestroy;
 	fnStreamSynchronize streamSynchronize;
 	fnMemcpyDtoHAsync memcpyDtoHAsync;
+	fnModuleLoadData moduleLoadData;
+	fnModuleUnload moduleUnload;
+	fnModuleGetFunction moduleGetFunction;
+	fnLaunchKernel launchKernel;
 } stasisDriver;
 
 static void *stasis_sym(void *h, const char *name) { return dlsym(h, name); }
@@ -106,6 +115,10 @@ static const char *stasis_open(const char *path, stasisDriver *d) {
 	d->streamDestroy = (fnStreamDestroy)stasis_sym(d->handle, "cuStreamDestroy_v2");
 	d->streamSynchronize = (fnStreamSynchronize)stasis_sym(d->handle, "cuStreamSynchronize");
 	d->memcpyDtoHAsync = (fnMemcpyDtoHAsync)stasis_sym(d->handle, "cuMemcpyDtoHAsync_v2");
+	d->moduleLoadData = (fnModuleLoadData)stasis_sym(d->handle, "cuModuleLoadData");
+	d->moduleUnload = (fnModuleUnload)stasis_sym(d->handle, "cuModuleUnload");
+	d->moduleGetFunction = (fnModuleGetFunction)stasis_sym(d->handle, "cuModuleGetFunction");
+	d->launchKernel = (fnLaunchKernel)stasis_sym(d->handle, "cuLaunchKernel");
 	return NULL;
 }
 
@@ -166,6 +179,50 @@ static CUresult stasis_alloc(stasisDriver *d, void *ctx, uint64_t *p, size_t n) 
 static CUresult stasis_free(stasisDriver *d, void *ctx, uint64_t p) {
 	CUresult r = d->ctxSetCurrent(ctx);
 	return r ? r : d->memFree(p);
+}
+
+// The CRC32C kernel (crc32c.go). stasis_module_load loads a PTX image in
+// ctx and finds the kernel in it.
+static CUresult stasis_module_load(stasisDriver *d, void *ctx, const void *image, const char *name, void **mod, void **fn, int *step) {
+	CUresult r = d->ctxSetCurrent(ctx);
+	if (r) return r;
+	*step = 1;
+	if ((r = d->moduleLoadData(mod, image))) return r;
+	*step = 2;
+	if ((r = d->moduleGetFunction(fn, *mod, name))) {
+		d->moduleUnload(*mod);
+		*mod = NULL;
+	}
+	return r;
+}
+static CUresult stasis_module_unload(stasisDriver *d, void *ctx, void *mod) {
+	CUresult r = d->ctxSetCurrent(ctx);
+	return r ? r : d->moduleUnload(mod);
+}
+static CUresult stasis_stream_create(stasisDriver *d, void *ctx, void **stream) {
+	CUresult r = d->ctxSetCurrent(ctx);
+	return r ? r : d->streamCreate(stream, 0); // blocking: ordered after the legacy default stream
+}
+static CUresult stasis_stream_destroy(stasisDriver *d, void *ctx, void *stream) {
+	CUresult r = d->ctxSetCurrent(ctx);
+	return r ? r : d->streamDestroy(stream);
+}
+// stasis_crc_blocks runs the kernel over n bytes at src on stream, one
+// thread per 4096-byte block, into devOut, copies the block checksums to
+// hostOut and waits for both. *step names the call that failed.
+static CUresult stasis_crc_blocks(stasisDriver *d, void *ctx, void *fn, void *stream, uint64_t src, uint64_t n,
+                                  uint64_t devOut, uint32_t *hostOut, int *step) {
+	CUresult r = d->ctxSetCurrent(ctx);
+	if (r) return r;
+	uint64_t blocks = (n + 4095) / 4096;
+	unsigned int threads = 128, grid = (unsigned int)((blocks + threads - 1) / threads);
+	void *args[] = {&src, &n, &devOut};
+	*step = 1;
+	if ((r = d->launchKernel(fn, grid, 1, 1, threads, 1, 1, 0, stream, args, NULL))) return r;
+	*step = 2;
+	if ((r = d->memcpyDtoHAsync(hostOut, devOut, blocks * 4, stream))) return r;
+	*step = 3;
+	return d->streamSynchronize(stream);
 }
 
 static CUresult stasis_init(stasisDriver *d) { return d->init(0); }
@@ -710,4 +767,41 @@ func (d *Driver) Alloc(ctx Context, n int) (uintptr, error) {
 // Free releases device memory from Alloc.
 func (d *Driver) Free(ctx Context, p uintptr) error {
 	return d.check("cuMemFree", 0, C.stasis_free(&d.d, unsafe.Pointer(ctx), C.uint64_t(p)))
+}
+
+// The calls behind CRC32C (kernel.go).
+
+// loadModule loads a PTX image (NUL-terminated) into ctx and finds the
+// kernel name in it.
+func (d *Driver) loadModule(ctx Context, image unsafe.Pointer, name string) (mod, fn unsafe.Pointer, err error) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	step := C.int(0)
+	r := C.stasis_module_load(&d.d, unsafe.Pointer(ctx), image, cname, &mod, &fn, &step)
+	err = d.check([]string{"cuCtxSetCurrent", "cuModuleLoadData", "cuModuleGetFunction(" + name + ")"}[step], 0, r)
+	return mod, fn, err
+}
+
+func (d *Driver) unloadModule(ctx Context, mod unsafe.Pointer) {
+	C.stasis_module_unload(&d.d, unsafe.Pointer(ctx), mod)
+}
+
+// newStream creates a stream in ctx that is ordered after the legacy
+// default stream.
+func (d *Driver) newStream(ctx Context) (unsafe.Pointer, error) {
+	var s unsafe.Pointer
+	err := d.check("cuStreamCreate", 0, C.stasis_stream_create(&d.d, unsafe.Pointer(ctx), &s))
+	return s, err
+}
+
+func (d *Driver) destroyStream(ctx Context, s unsafe.Pointer) {
+	C.stasis_stream_destroy(&d.d, unsafe.Pointer(ctx), s)
+}
+
+// crcBlocks runs the CRC32C kernel fn over n bytes at src on stream, its
+// results in dev, copies them to host (4 bytes a block) and waits.
+func (d *Driver) crcBlocks(ctx Context, fn, stream unsafe.Pointer, src uintptr, n int64, dev uintptr, host unsafe.Pointer, kernel string) error {
+	step := C.int(0)
+	r := C.stasis_crc_blocks(&d.d, unsafe.Pointer(ctx), fn, stream, C.uint64_t(src), C.uint64_t(n), C.uint64_t(dev), (*C.uint32_t)(host), &step)
+	return d.check([]string{"cuCtxSetCurrent", "cuLaunchKernel(" + kernel + ")", "cuMemcpyDtoHAsync", "cuStreamSynchronize"}[step], 0, r)
 }

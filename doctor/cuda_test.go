@@ -186,20 +186,3 @@ func TestNvidiaDriverVersions(t *testing.T) {
 		})
 	}
 }
-
-func TestVersionLess(t *testing.T) {
-	in := []string{"/usr/local/cuda-12.9/t", "/usr/local/cuda-12.10/t", "/usr/local/cuda-13.0/t", "/usr/local/cuda-11.8/t"}
-	for i := range in {
-		for j := range in {
-			if versionLess(in[i], in[j]) && versionLess(in[j], in[i]) {
-				t.Fatalf("%s and %s both less than each other", in[i], in[j])
-			}
-		}
-	}
-	if !versionLess("/usr/local/cuda-12.9/t", "/usr/local/cuda-12.10/t") {
-		t.Error("12.9 should sort before 12.10")
-	}
-	if !versionLess("/usr/local/cuda-12.10/t", "/usr/local/cuda-13.0/t") {
-		t.Error("12.10 should sort before 13.0")
-	}
-}

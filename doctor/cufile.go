@@ -7,13 +7,20 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/stasis-ckpt/stasis/tensors"
 )
 
 const ownPathHint = "cuFile will fail without nvidia-fs; stasis uses its own path"
 
 // checkCuFile reports libcufile and, when it is found, how cuFile would move
-// data: GPUDirect Storage through nvidia-fs, or compat mode through host memory.
+// data: GPUDirect Storage through nvidia-fs, or compat mode through host
+// memory; then the I/O path the tensor saves and loads take.
 func checkCuFile(o Options, libs *libFinder) []Check {
+	return append(checkCuFileLibrary(o, libs), o.ioPathCheck())
+}
+
+func checkCuFileLibrary(o Options, libs *libFinder) []Check {
 	lib := libs.find("libcufile.so.0", true)
 	if lib.path == "" {
 		detail := "libcufile.so.0 not found"
@@ -26,9 +33,32 @@ func checkCuFile(o Options, libs *libFinder) []Check {
 		}}
 	}
 	return []Check{
-		{Name: "libcufile", Status: OK, Detail: lib.describe() + "; stasis does not use it yet: GPU tensors go through its own pinned-memory O_DIRECT path, which checksums every chunk on the host"},
+		{Name: "libcufile", Status: OK, Detail: lib.describe()},
 		gdsCheck(o),
 	}
+}
+
+// ioPathCheck reports the I/O path of GPU tensors: $STASIS_IO when it
+// chooses one, else what auto takes here (cufile or pinned) and why, with
+// the cuFile library stasis loads and its version.
+func (o Options) ioPathCheck() Check {
+	c := Check{Name: "tensor io path", Status: OK}
+	path, why, cf := o.autoChoice()
+	if cf != nil {
+		version := cf.VersionString()
+		if version == "" {
+			version = "of unknown version"
+		}
+		why = fmt.Sprintf("cuFile %s (%s); %s", version, cf.Path, why)
+	}
+	c.Detail = fmt.Sprintf("auto takes %s: %s", path, why)
+	switch mode, err := tensors.ParseIO(""); {
+	case err != nil:
+		c.Status, c.Hint = Warn, err.Error()
+	case mode != tensors.IOAuto:
+		c.Detail = fmt.Sprintf("%s=%s chooses %s; %s", tensors.IOEnv, mode, mode, c.Detail)
+	}
+	return c
 }
 
 func gdsCheck(o Options) Check {

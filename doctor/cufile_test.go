@@ -130,3 +130,21 @@ func TestTestdataConfigsAreCommented(t *testing.T) {
 		}
 	}
 }
+
+func TestTensorIOPath(t *testing.T) {
+	o := hermeticOptions(t)
+	t.Setenv("STASIS_IO", "")
+	c := mustCheck(t, runChecks(t, o), "tensor io path")
+	wantStatus(t, c, OK)
+	wantDetail(t, c, "auto takes pinned: a stand-in's reason")
+
+	t.Setenv("STASIS_IO", "cufile")
+	wantDetail(t, mustCheck(t, runChecks(t, o), "tensor io path"), "STASIS_IO=cufile chooses cufile; auto takes pinned")
+
+	t.Setenv("STASIS_IO", "gds")
+	c = mustCheck(t, runChecks(t, o), "tensor io path")
+	wantStatus(t, c, Warn)
+	if !strings.Contains(c.Hint, `$STASIS_IO "gds": use auto, cufile or pinned`) {
+		t.Errorf("hint %q", c.Hint)
+	}
+}

@@ -7,6 +7,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"time"
+
+	"github.com/stasis-ckpt/stasis/cuda"
+	"github.com/stasis-ckpt/stasis/tensors"
 )
 
 // Status is the outcome of one check.
@@ -37,12 +40,22 @@ type Options struct {
 	ProcRoot         string   // "" = "/proc"
 	SysRoot          string   // "" = "/sys"
 	CuFileConfig     string   // "" = $CUFILE_ENV_PATH_JSON or /etc/cufile.json
+	// AutoChoice, when set, stands in for tensors.AutoChoice (which loads
+	// libcuda and libcufile) in tests.
+	AutoChoice func() (path, why string, cf *cuda.CuFile)
+}
+
+func (o Options) autoChoice() (string, string, *cuda.CuFile) {
+	if o.AutoChoice != nil {
+		return o.AutoChoice()
+	}
+	return tensors.AutoChoice()
 }
 
 // Run performs every check and returns the results in a stable order:
 // kernel, criu, criu check, libcuda, cuda checkpoint api, cuda checkpoint
-// backend, nvidia driver, libcufile, gds, store, store free space, store
-// o_direct. Checks that depend on something absent (criu check, cuda
+// backend, nvidia driver, libcufile, gds, tensor io path, store, store free
+// space, store o_direct. Checks that depend on something absent (criu check, cuda
 // checkpoint api and backend, gds) are left out when it is absent.
 func Run(ctx context.Context, o Options) []Check {
 	libs := newLibFinder(ctx, o)

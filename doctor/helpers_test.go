@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"context"
+	"github.com/stasis-ckpt/stasis/cuda"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +26,9 @@ func hermeticOptions(t *testing.T) Options {
 		ProcRoot:         mkdir(t, root, "proc"),
 		SysRoot:          mkdir(t, root, "sys"),
 		CuFileConfig:     filepath.Join(root, "cufile.json"),
+		AutoChoice: func() (string, string, *cuda.CuFile) {
+			return "pinned", "a stand-in's reason", nil
+		},
 	}
 	if err := os.Mkdir(o.StoreDir, 0o700); err != nil {
 		t.Fatal(err)

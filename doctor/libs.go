@@ -7,10 +7,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/stasis-ckpt/stasis/cuda"
 )
 
 // libFinder locates shared libraries the way the checks need: Options.LibDirs
@@ -46,7 +46,7 @@ func newLibFinder(ctx context.Context, o Options) *libFinder {
 		f.system = append(f.system, "/usr/lib/"+triple)
 	}
 	f.system = append(f.system, "/usr/lib64", "/usr/lib/wsl/lib")
-	f.cuda = cudaToolkitLibDirs()
+	f.cuda = cuda.ToolkitLibDirs()
 	return f
 }
 
@@ -127,52 +127,6 @@ func multiarchTriple() string {
 		return "aarch64-linux-gnu"
 	}
 	return ""
-}
-
-// cudaTarget is the CUDA toolkit's name for this architecture's target dir.
-func cudaTarget() string {
-	switch runtime.GOARCH {
-	case "amd64":
-		return "x86_64-linux"
-	case "arm64":
-		return "sbsa-linux"
-	}
-	return ""
-}
-
-// cudaToolkitLibDirs lists /usr/local/cuda's library directories, then those
-// of versioned toolkits, newest version first.
-func cudaToolkitLibDirs() []string {
-	dirs := []string{"/usr/local/cuda/lib64"}
-	target := cudaTarget()
-	if target == "" {
-		return dirs
-	}
-	dirs = append(dirs, "/usr/local/cuda/targets/"+target+"/lib")
-	versioned, _ := filepath.Glob("/usr/local/cuda-*/targets/" + target + "/lib")
-	sort.Slice(versioned, func(i, j int) bool { return versionLess(versioned[j], versioned[i]) })
-	return append(dirs, versioned...)
-}
-
-// versionLess compares strings piecewise, numbers by value, so that
-// cuda-12.10 sorts after cuda-12.9.
-func versionLess(a, b string) bool {
-	split := func(s string) []string {
-		return strings.FieldsFunc(s, func(r rune) bool { return r == '.' || r == '-' || r == '/' })
-	}
-	pa, pb := split(a), split(b)
-	for i := 0; i < len(pa) && i < len(pb); i++ {
-		if pa[i] == pb[i] {
-			continue
-		}
-		na, errA := strconv.Atoi(pa[i])
-		nb, errB := strconv.Atoi(pb[i])
-		if errA == nil && errB == nil {
-			return na < nb
-		}
-		return pa[i] < pb[i]
-	}
-	return len(pa) < len(pb)
 }
 
 // ldconfigCache parses `ldconfig -p` lines such as

@@ -14,6 +14,11 @@
 // plain I/O where it does not (tmpfs, some network file systems); the choice
 // is made per file and reported, never silently assumed.
 //
+// A caller with device memory and a library that moves it to and from
+// files directly (cuFile) plugs it in as a DeviceIO (device.go): whole raw
+// chunks then go straight between device memory and the file, checksummed
+// where the bytes are, and the rest through host memory as usual.
+//
 // The package knows nothing of manifests, catalogs or processes: callers
 // record the returned chunk tables.
 package gdswriter

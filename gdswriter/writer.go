@@ -63,6 +63,9 @@ type Result struct {
 	ChunkSize int64   // raw bytes per chunk
 	Chunks    []Chunk // in stream order
 	Direct    bool    // whether the file was written with O_DIRECT
+	// DeviceChunks is how many chunks went straight from device memory
+	// into the file (FillDevice), not through host memory.
+	DeviceChunks int
 }
 
 // Writer turns a byte stream into a data file of independently encoded
@@ -87,18 +90,23 @@ type Writer struct {
 	workers sync.WaitGroup
 	fileEnd atomic.Int64
 
+	dev          DeviceFile // set by UseDevice
+	deviceChunks atomic.Int64
+
 	mu     sync.Mutex
 	chunks []Chunk
 	err    error
 	done   bool
 }
 
-// writeJob is one chunk for a worker: either a pool buffer holding n bytes,
-// or (buf nil) a full chunk of caller memory passed to WriteShared.
+// writeJob is one chunk for a worker: a pool buffer holding n bytes, a
+// full chunk of caller memory passed to WriteShared, or a full chunk of
+// device memory passed to FillDevice.
 type writeJob struct {
 	index  int
 	buf    *alignedBuffer
 	shared []byte
+	device *DeviceSpan
 	n      int
 }
 
@@ -290,7 +298,13 @@ func (w *Writer) work() {
 				}
 			}
 			if w.failure() == nil {
-				if err := w.writeChunk(enc, out, job); err != nil {
+				var err error
+				if job.device != nil {
+					err = w.writeDeviceChunk(job)
+				} else {
+					err = w.writeChunk(enc, out, job)
+				}
+				if err != nil {
 					w.fail(err)
 				}
 			}
@@ -372,6 +386,7 @@ func (w *Writer) Close() (Result, error) {
 		w.dispatch()
 	}
 	w.stop()
+	w.closeDevice()
 	if err := w.failure(); err != nil {
 		w.file.close()
 		return Result{}, err
@@ -390,6 +405,8 @@ func (w *Writer) Close() (Result, error) {
 		ChunkSize: int64(w.opts.ChunkSize),
 		Chunks:    w.chunks,
 		Direct:    direct,
+
+		DeviceChunks: int(w.deviceChunks.Load()),
 	}, nil
 }
 
@@ -398,6 +415,7 @@ func (w *Writer) Close() (Result, error) {
 func (w *Writer) Abort() {
 	w.fail(errors.New("gdswriter: aborted"))
 	w.stop()
+	w.closeDevice()
 	w.file.close()
 }
 

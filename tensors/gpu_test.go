@@ -111,7 +111,7 @@ func TestRealGPU(t *testing.T) {
 		unix.Sync()
 		start = time.Now()
 		into := []Tensor{{Name: "w", DType: "bf16", Shape: ts[0].Shape, Device: dst, Bytes: int64(n)}}
-		if _, err := Load(context.Background(), s, rec.ID, into, catalog.ReadOptions{}); err != nil {
+		if _, err := Load(context.Background(), s, rec.ID, into, LoadOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		load := time.Since(start)
@@ -150,7 +150,7 @@ func TestRealGPU(t *testing.T) {
 		save := time.Since(start)
 		unix.Sync()
 		start = time.Now()
-		if _, err := Load(context.Background(), s, rec.ID, smallInto, catalog.ReadOptions{}); err != nil {
+		if _, err := Load(context.Background(), s, rec.ID, smallInto, LoadOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		load := time.Since(start)

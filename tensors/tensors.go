@@ -2,12 +2,17 @@
 // checkpoint of kind "tensors" and loads them back into buffers the caller
 // provides: the application-level fast path a training loop calls.
 //
-// GPU memory is copied into the writer's own chunk buffers, which are
-// registered with the driver as pinned memory, so the bytes go from the GPU
-// to the buffer that is compressed and written with O_DIRECT with no copy
-// in between. Each tensor's dtype is known, so the byte-plane codecs get
-// the element width. Loading reads, verifies and decodes chunks in
-// parallel and copies each straight to its place on the GPU.
+// GPU memory takes one of two paths (SaveOptions.IO, $STASIS_IO). Its own
+// pinned pipeline: GPU memory is copied into the writer's chunk buffers,
+// which are registered with the driver as pinned memory, so the bytes go
+// from the GPU to the buffer that is compressed and written with O_DIRECT
+// with no copy in between; each tensor's dtype is known, so the byte-plane
+// codecs get the element width. Or cuFile (cufile.go): every raw chunk
+// that lies inside one GPU tensor goes from GPU memory to the file by
+// cuFileWrite, checksummed on the GPU, the other chunks through the
+// pipeline. Loading reads, verifies and decodes chunks in parallel and
+// copies each straight to its place on the GPU, or with cuFile reads raw
+// chunks straight into it and verifies them there.
 //
 // It lives apart from gdswriter because it makes checkpoints (catalog),
 // which gdswriter, below catalog, must not know.
@@ -63,14 +68,17 @@ type Tensor struct {
 // nested dicts and lists, and the small values in it, there).
 type Meta struct {
 	// IOPath is "pinned" (GPU memory through pinned chunk buffers),
-	// "host" (host memory only) or "snapshot" (a pinned host snapshot
-	// taken before an asynchronous save returned).
+	// "cufile" or "cufile-compat" (whole chunks of GPU memory written by
+	// cuFile, doing GPUDirect Storage or in its compat mode; the other
+	// chunks through pinned buffers), "host" (host memory only) or
+	// "snapshot" (a pinned host snapshot taken before an asynchronous save
+	// returned).
 	IOPath string          `json:"io_path"`
 	Why    string          `json:"why"`
 	State  json.RawMessage `json:"state,omitempty"`
 }
 
-const whyPinned = "GPU memory copied by the driver into pinned chunk buffers, checksummed and compressed on the host, written with O_DIRECT; cuFile is not used: stasis checksums every chunk on the host"
+const whyPinned = "GPU memory copied by the driver into pinned chunk buffers, checksummed and compressed on the host, written with O_DIRECT"
 
 // attrs is what a tensor entry records in the manifest.
 type attrs struct {
@@ -118,6 +126,9 @@ type SaveOptions struct {
 	Step   int64
 	Tags   map[string]string
 	Writer gdswriter.WriterOptions
+	// IO is the I/O path of GPU memory: IOAuto, IOCuFile or IOPinned; ""
+	// is $STASIS_IO, else auto.
+	IO string
 	// Meta is recorded in the manifest; an empty IOPath is filled in with
 	// the path the bytes take here.
 	Meta Meta
@@ -127,6 +138,10 @@ type SaveOptions struct {
 // is read while Save runs; the caller must not change it until Save
 // returns. On any error nothing is listed and pinned memory is released.
 func Save(ctx context.Context, s *catalog.Store, ts []Tensor, o SaveOptions) (*catalog.Record, error) {
+	mode, err := ParseIO(o.IO)
+	if err != nil {
+		return nil, err
+	}
 	seen := map[string]bool{}
 	var drv *cuda.Driver
 	elem, mixed := 0, false
@@ -168,11 +183,19 @@ func Save(ctx context.Context, s *catalog.Store, ts []Tensor, o SaveOptions) (*c
 	if drv != nil {
 		wo.Pin = pinner(drv, pinCtx)
 	}
+	var cf *cuda.CuFile
+	whyNot := ""
+	if drv != nil {
+		if cf, whyNot, err = cuFileFor(mode, compressed(wo), drv); err != nil {
+			return nil, err
+		}
+	}
 	p, err := s.Begin(catalog.KindTensors, o.Job, o.Step, o.Tags)
 	if err != nil {
 		return nil, err
 	}
-	rec, err := save(ctx, p, drv, ctxs, ts, wo, o.Meta)
+	plan := ioPlan{mode: mode, cf: cf, whyNot: whyNot, fileCtx: pinCtx}
+	rec, err := save(ctx, p, drv, ctxs, ts, wo, plan, o.Meta)
 	if err != nil {
 		p.Abort()
 		return nil, err
@@ -193,10 +216,30 @@ func pinner(drv *cuda.Driver, ctx cuda.Context) gdswriter.Pinning {
 
 const dataFileName = "data.0000"
 
-func save(ctx context.Context, p *catalog.Pending, drv *cuda.Driver, ctxs map[string]cuda.Context, ts []Tensor, wo gdswriter.WriterOptions, meta Meta) (*catalog.Record, error) {
+// ioPlan is how a save moves GPU memory: through cuFile (cf set), or not,
+// and why not.
+type ioPlan struct {
+	mode    string
+	cf      *cuda.CuFile
+	whyNot  string
+	fileCtx cuda.Context // the context the data file is registered in
+}
+
+func save(ctx context.Context, p *catalog.Pending, drv *cuda.Driver, ctxs map[string]cuda.Context, ts []Tensor, wo gdswriter.WriterOptions, plan ioPlan, meta Meta) (*catalog.Record, error) {
 	w, err := gdswriter.Create(ctx, p.Path(dataFileName), wo)
 	if err != nil {
 		return nil, err
+	}
+	var dio *cufileIO
+	if plan.cf != nil {
+		if dio, plan.whyNot, err = useCuFile(w, drv, ts, ctxs, wo, plan); err != nil {
+			w.Abort()
+			return nil, err
+		}
+	}
+	if dio != nil {
+		// Released once the writer is done with the GPU memory.
+		defer dio.close()
 	}
 	for _, t := range ts {
 		a, _ := json.Marshal(attrs{DType: t.DType, Shape: t.Shape})
@@ -205,7 +248,7 @@ func save(ctx context.Context, p *catalog.Pending, drv *cuda.Driver, ctxs map[st
 			_, err = w.Write(t.Host)
 		} else {
 			src, devCtx := t.Device, ctxs[t.Name]
-			err = w.Fill(t.Bytes, func(dst []byte, off int64) error {
+			err = w.FillDevice(t.Bytes, src, func(dst []byte, off int64) error {
 				return drv.CopyToHost(devCtx, dst, src+uintptr(off))
 			})
 		}
@@ -222,8 +265,18 @@ func save(ctx context.Context, p *catalog.Pending, drv *cuda.Driver, ctxs map[st
 	p.Manifest.Files = []catalog.DataFile{{Name: dataFileName, Size: res.Size, RawSize: res.RawSize, ChunkSize: res.ChunkSize, Chunks: res.Chunks}}
 	switch {
 	case meta.IOPath != "":
+	case dio != nil && res.DeviceChunks > 0:
+		meta.IOPath = ioPathName(plan.cf)
+		meta.Why = fmt.Sprintf("%d of %d chunks written by cuFileWrite straight from GPU memory (%s), each checksummed on the GPU; the other %d (spanning tensors, in host memory, or a short last chunk) through pinned chunk buffers",
+			res.DeviceChunks, len(res.Chunks), plan.cf.ModeWhy, len(res.Chunks)-res.DeviceChunks)
+		if plan.mode == IOCuFile && compressed(wo) {
+			meta.Why += fmt.Sprintf("; compression (%s) applied to those others only: cuFile writes raw bytes", wo.Method)
+		}
+		meta.Why += dio.refusals()
+	case dio != nil:
+		meta.IOPath, meta.Why = "pinned", whyPinned+"; cuFile was ready, but no whole chunk lies inside one GPU tensor"
 	case drv != nil:
-		meta.IOPath, meta.Why = "pinned", whyPinned
+		meta.IOPath, meta.Why = "pinned", whyPinned+"; cuFile not used: "+plan.whyNot
 	default:
 		meta.IOPath, meta.Why = "host", "every buffer was in host memory"
 	}
@@ -231,6 +284,71 @@ func save(ctx context.Context, p *catalog.Pending, drv *cuda.Driver, ctxs map[st
 		return nil, err
 	}
 	return p.Commit()
+}
+
+// readToDevice reads chunks straight into GPU buffers through cuFile and
+// verifies them there. Where the data file cannot be registered it reads
+// nothing and returns false (the caller reads every chunk), or fails when
+// cuFile was asked for.
+func readToDevice(ctx context.Context, s *catalog.Store, m *catalog.Manifest, df catalog.DataFile, dio *cufileIO, direct []gdswriter.DeviceChunk, sizes map[uintptr]int64, mode string, o catalog.ReadOptions) (bool, error) {
+	r, err := s.OpenData(m, df, o.NoDirect)
+	if err != nil {
+		return false, err
+	}
+	defer r.Close()
+	f, err := r.OpenDevice(dio)
+	if err != nil {
+		if mode == IOCuFile {
+			return false, fmt.Errorf("%w: the cufile I/O path was asked for: %v", ErrCuFileUnavailable, err)
+		}
+		return false, nil
+	}
+	defer f.Close()
+	for base, n := range sizes {
+		dio.register(base, n)
+	}
+	return true, r.ReadToDevice(ctx, f, direct, gdswriter.ReadOptions{Workers: o.Workers, Progress: o.Progress})
+}
+
+// compressed reports whether a save asks for compression ("" is none).
+func compressed(wo gdswriter.WriterOptions) bool {
+	return wo.Method != "" && wo.Method != gdswriter.MethodNone
+}
+
+// useCuFile registers the data file with cuFile, and the GPU buffers that
+// hold whole chunks. Where the file cannot be registered it returns nil
+// and why, or fails when cuFile was asked for.
+func useCuFile(w *gdswriter.Writer, drv *cuda.Driver, ts []Tensor, ctxs map[string]cuda.Context, wo gdswriter.WriterOptions, plan ioPlan) (*cufileIO, string, error) {
+	ctxOf := map[uintptr]cuda.Context{}
+	for _, t := range ts {
+		if t.Device != 0 {
+			ctxOf[t.Device] = ctxs[t.Name]
+		}
+	}
+	slots := wo.Workers
+	if slots <= 0 {
+		slots = gdswriter.DefaultWorkers()
+	}
+	dio := newCuFileIO(plan.cf, drv, plan.fileCtx, ctxOf, slots)
+	if err := w.UseDevice(dio); err != nil {
+		dio.close()
+		if plan.mode == IOCuFile {
+			return nil, "", fmt.Errorf("%w: the cufile I/O path was asked for: %v", ErrCuFileUnavailable, err)
+		}
+		return nil, err.Error(), nil
+	}
+	chunkSize := int64(wo.ChunkSize)
+	if chunkSize == 0 {
+		chunkSize = gdswriter.DefaultChunkSize
+	}
+	var off int64
+	for _, t := range ts {
+		if t.Device != 0 && holdsWholeChunk(off, t.Bytes, chunkSize) {
+			dio.register(t.Device, t.Bytes)
+		}
+		off += t.Bytes
+	}
+	return dio, "", nil
 }
 
 // Describe lists the tensors a checkpoint holds (without buffers).
@@ -252,12 +370,27 @@ func Describe(m *catalog.Manifest) ([]Tensor, error) {
 	return ts, nil
 }
 
+// LoadOptions configure Load.
+type LoadOptions struct {
+	Read catalog.ReadOptions
+	// IO is the I/O path of GPU memory, as SaveOptions.IO: through cuFile,
+	// raw chunks that lie inside one GPU buffer are read straight into it
+	// by cuFileRead and verified there, on the GPU.
+	IO string
+}
+
 // Load reads the checkpoint id into the buffers of into, matched by name:
 // every tensor of the checkpoint must have a buffer of the same dtype and
-// size (the first mismatch is named). Every chunk is verified before any of
-// its bytes reach a buffer; on error, the buffers hold a mix of old and new
-// bytes.
-func Load(ctx context.Context, s *catalog.Store, id string, into []Tensor, o catalog.ReadOptions) (*catalog.Manifest, error) {
+// size (the first mismatch is named). Every chunk is verified: before any
+// of its bytes reach a buffer, or, for chunks read by cuFile, in the GPU
+// buffer they were read into (a chunk that fails there is an error naming
+// it, ErrCorrupt, and its bytes stay in the buffer unverified). On error,
+// the buffers hold a mix of old and new bytes.
+func Load(ctx context.Context, s *catalog.Store, id string, into []Tensor, o LoadOptions) (*catalog.Manifest, error) {
+	mode, err := ParseIO(o.IO)
+	if err != nil {
+		return nil, err
+	}
 	m, err := s.ReadManifest(id)
 	if err != nil {
 		return nil, err
@@ -316,13 +449,63 @@ func Load(ctx context.Context, s *catalog.Store, id string, into []Tensor, o cat
 			byFile[e.File] = append(byFile[e.File], target{entry: e, t: t, devCtx: devCtx})
 		}
 	}
+	var dio *cufileIO
 	if drv != nil {
-		o.Pin = pinner(drv, pinCtx)
+		o.Read.Pin = pinner(drv, pinCtx)
+		cf, _, err := cuFileFor(mode, false, drv)
+		if err != nil {
+			return nil, err
+		}
+		if cf != nil {
+			ctxOf := map[uintptr]cuda.Context{}
+			for _, targets := range byFile {
+				for _, tg := range targets {
+					if tg.t.Device != 0 {
+						ctxOf[tg.t.Device] = tg.devCtx
+					}
+				}
+			}
+			workers := o.Read.Workers
+			if workers <= 0 {
+				workers = gdswriter.DefaultWorkers()
+			}
+			dio = newCuFileIO(cf, drv, pinCtx, ctxOf, workers)
+			defer dio.close()
+		}
 	}
 	for fi, df := range m.Files {
 		targets := byFile[fi]
 		sort.Slice(targets, func(i, j int) bool { return targets[i].entry.Offset < targets[j].entry.Offset })
-		err := s.EachChunk(ctx, m, df, o, func(i int, raw []byte) error {
+		host := make([]int, 0, len(df.Chunks))
+		var direct []gdswriter.DeviceChunk
+		sizes := map[uintptr]int64{} // the GPU buffers the direct chunks go to
+		for i, c := range df.Chunks {
+			start := int64(i) * df.ChunkSize
+			k := sort.Search(len(targets), func(k int) bool { return targets[k].entry.Offset+targets[k].entry.Size > start })
+			if dio != nil && c.DeviceReadable() && k < len(targets) {
+				tg := targets[k]
+				if tg.t.Device != 0 && tg.entry.Offset <= start && start+c.Raw <= tg.entry.Offset+tg.entry.Size {
+					span := gdswriter.DeviceSpan{Base: tg.t.Device, Offset: start - tg.entry.Offset, Len: c.Raw}
+					direct = append(direct, gdswriter.DeviceChunk{Index: i, Chunk: c, Dst: span})
+					sizes[tg.t.Device] = tg.t.Bytes
+					continue
+				}
+			}
+			host = append(host, i)
+		}
+		if len(direct) > 0 {
+			read, err := readToDevice(ctx, s, m, df, dio, direct, sizes, mode, o.Read)
+			if err != nil {
+				return nil, err
+			}
+			if !read {
+				host = nil // every chunk
+			}
+		}
+		if host != nil && len(host) == 0 {
+			continue
+		}
+		err := s.EachChunkOf(ctx, m, df, host, o.Read, func(i int, raw []byte) error {
 			start := int64(i) * df.ChunkSize
 			end := start + int64(len(raw))
 			k := sort.Search(len(targets), func(k int) bool { return targets[k].entry.Offset+targets[k].entry.Size > start })

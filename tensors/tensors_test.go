@@ -91,7 +91,7 @@ func TestHostRoundTrip(t *testing.T) {
 		into[i] = t0
 		into[i].Host = make([]byte, len(t0.Host))
 	}
-	m, err := Load(context.Background(), s, rec.ID, into, catalog.ReadOptions{})
+	m, err := Load(context.Background(), s, rec.ID, into, LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestManySmallTensors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Load(context.Background(), s, rec.ID, into, catalog.ReadOptions{}); err != nil {
+	if _, err := Load(context.Background(), s, rec.ID, into, LoadOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range ts {
@@ -168,7 +168,7 @@ func TestBadInput(t *testing.T) {
 		"a buffer is given for y":                                                 {{Name: "x", DType: "fp32", Host: make([]byte, 16), Bytes: 16}, {Name: "y", DType: "fp32", Host: make([]byte, 4), Bytes: 4}},
 	}
 	for want, into := range loads {
-		if _, err := Load(context.Background(), s, rec.ID, into, catalog.ReadOptions{}); !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), want) {
+		if _, err := Load(context.Background(), s, rec.ID, into, LoadOptions{}); !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), want) {
 			t.Errorf("load (%s): %v", want, err)
 		}
 	}
@@ -178,7 +178,7 @@ func TestBadInput(t *testing.T) {
 	raw[3] ^= 1
 	os.WriteFile(data, raw, 0o600)
 	into := []Tensor{{Name: "x", DType: "fp32", Host: make([]byte, 16), Bytes: 16}}
-	if _, err := Load(context.Background(), s, rec.ID, into, catalog.ReadOptions{}); !errors.Is(err, gdswriter.ErrCorrupt) || !strings.Contains(err.Error(), "data.0000: chunk 0") {
+	if _, err := Load(context.Background(), s, rec.ID, into, LoadOptions{}); !errors.Is(err, gdswriter.ErrCorrupt) || !strings.Contains(err.Error(), "data.0000: chunk 0") {
 		t.Errorf("corrupted chunk: %v", err)
 	}
 }
@@ -210,7 +210,7 @@ func TestDeviceRoundTripWithStandIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	into := []Tensor{{Name: "w", DType: "bf16", Shape: []int64{5 << 20}, Device: ptr(dst), Bytes: int64(len(dst))}}
-	if _, err := Load(context.Background(), s, rec.ID, into, catalog.ReadOptions{}); err != nil {
+	if _, err := Load(context.Background(), s, rec.ID, into, LoadOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(src, dst) {

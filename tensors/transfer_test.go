@@ -39,7 +39,7 @@ func TestExportImportTensors(t *testing.T) {
 		into[i] = t0
 		into[i].Host = make([]byte, len(t0.Host))
 	}
-	if _, err := Load(context.Background(), b, rec.ID, into, catalog.ReadOptions{}); err != nil {
+	if _, err := Load(context.Background(), b, rec.ID, into, LoadOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range ts {

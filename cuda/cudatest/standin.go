@@ -1,6 +1,7 @@
 // Package cudatest builds the stand-in NVIDIA driver
-// (cuda/testdata/fakecuda/libcuda.c) for the tests of packages that copy
-// GPU memory, so that they run on machines without a GPU.
+// (cuda/testdata/fakecuda/libcuda.c) and cuFile library (libcufile.c) for
+// the tests of packages that move GPU memory, so that they run on machines
+// without a GPU.
 package cudatest
 
 import (
@@ -18,28 +19,43 @@ import (
 
 // Build compiles the stand-in libcuda.so.1 into dir and returns its path.
 func Build(dir string) (string, error) {
+	return build(dir, "libcuda.c", "libcuda.so.1")
+}
+
+// BuildCuFile compiles the stand-in libcufile.so.0 into dir and returns its
+// path.
+func BuildCuFile(dir string) (string, error) {
+	return build(dir, "libcufile.c", "libcufile.so.0")
+}
+
+func build(dir, source, name string) (string, error) {
 	if _, err := exec.LookPath("gcc"); err != nil {
-		return "", fmt.Errorf("gcc is needed to build the stand-in driver")
+		return "", fmt.Errorf("gcc is needed to build the stand-in %s", name)
 	}
 	_, here, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(here), "..", "testdata", "fakecuda", "libcuda.c")
-	lib := filepath.Join(dir, "libcuda.so.1")
+	src := filepath.Join(filepath.Dir(here), "..", "testdata", "fakecuda", source)
+	lib := filepath.Join(dir, name)
 	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("gcc: %v: %s", err, out)
 	}
 	return lib, nil
 }
 
-// Use builds the stand-in into a new temporary directory, which also holds
-// its state (STASIS_FAKE_CUDA_DIR), and points STASIS_LIBCUDA at it, for a
-// TestMain. It returns the directory ("" when the stand-in could not be
-// built; the reason is printed) and a function removing it.
+// Use builds the stand-ins into a new temporary directory, which also
+// holds their state (STASIS_FAKE_CUDA_DIR), and points STASIS_LIBCUDA and
+// STASIS_LIBCUFILE at them, for a TestMain. It returns the directory (""
+// when the stand-ins could not be built; the reason is printed) and a
+// function removing it.
 func Use() (dir string, cleanup func()) {
 	dir, err := os.MkdirTemp("", "stasis-fakecuda-")
 	if err == nil {
-		var lib string
+		var lib, cufile string
 		if lib, err = Build(dir); err == nil {
+			cufile, err = BuildCuFile(dir)
+		}
+		if err == nil {
 			os.Setenv("STASIS_LIBCUDA", lib)
+			os.Setenv("STASIS_LIBCUFILE", cufile)
 			os.Setenv("STASIS_FAKE_CUDA_DIR", dir)
 			return dir, func() { os.RemoveAll(dir) }
 		}
@@ -63,6 +79,17 @@ func DeviceMemory(t testing.TB, n int) []byte {
 
 // Pointer is b's address as the stand-in's device pointer.
 func Pointer(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+// Switch turns one of the stand-ins' switches (fail-cufile-handle,
+// cufile-gds, ...) on, with its content, until the test ends.
+func Switch(t testing.TB, dir, name, content string) {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(path) })
+}
 
 // Calls counts the stand-in's calls logged in dir/calls.log by name
 // ("register", "unregister", "lock", ...).

@@ -156,7 +156,7 @@ def prepare(state, home=None):
     del keep
 
 
-def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compress=None):
+def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compress=None, io=None):
     """Saves state (nested dicts, lists and tuples of torch tensors (CUDA or
     CPU), NumPy arrays, None, bool, int, float and str) as checkpoint `step`
     of `job`.
@@ -167,7 +167,10 @@ def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compres
     checkpoint is durable and listed. Either way the result is a SaveHandle.
     A save while another is in flight waits for it (wait_if_busy=False
     raises SaveInFlight instead). compress: "auto" (the default), "none",
-    "zstd" or "s2".
+    "zstd" or "s2". io: the I/O path of CUDA tensors in a blocking save,
+    "auto", "cufile" or "pinned" (None: $STASIS_IO, else auto); an
+    asynchronous save writes its host snapshot through stasis's own
+    pipeline whatever the path.
     """
     job_name, step = _lib.encode_job(job), _lib.check_step(step)
     tree, leaves = _state.flatten(state)
@@ -179,6 +182,8 @@ def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compres
     try:
         if compress is not None:
             _lib.call(lib.stasis_set_compress, ck.value, compress.encode("utf-8"))
+        if io is not None:
+            _lib.call(lib.stasis_set_io, ck.value, io.encode("utf-8"))
         items = _items(leaves)
         arr, keep = _ctypes_tensors(items)
         if items:
@@ -268,7 +273,7 @@ def _writable_view(obj, path):
     return obj.copy(order="C"), True
 
 
-def load(job=None, step=None, id=None, device=None, into=None, home=None):
+def load(job=None, step=None, id=None, device=None, into=None, home=None, io=None):
     """Loads a checkpoint: job's latest (or its `step`), or the one whose
     ID starts with `id`. Returns the state as it was saved.
 
@@ -278,6 +283,9 @@ def load(job=None, step=None, id=None, device=None, into=None, home=None):
     into=STATE loads in place into the tensors and arrays of an existing
     state of the same structure (the first mismatch is named) and returns
     the saved structure holding those same objects.
+    io: the I/O path of CUDA tensors, "auto", "cufile" (raw chunks read
+    straight into them by cuFile and verified on the GPU) or "pinned"
+    (None: $STASIS_IO, else auto).
     """
     s = _lib.store(home)
     info = _find(s, job, step, id)
@@ -328,7 +336,8 @@ def load(job=None, step=None, id=None, device=None, into=None, home=None):
         items.append((node["tensor"], node["dtype"], node["shape"], host, dev, nbytes))
     _synchronize(devices)
     arr, keep = _ctypes_tensors(items)
-    _lib.call(_lib.lib().stasis_load, s.handle, info["id"].encode("utf-8"), arr, len(items))
+    _lib.call(_lib.lib().stasis_load_io, s.handle, info["id"].encode("utf-8"), arr, len(items),
+              None if io is None else io.encode("utf-8"))
     del keep
     for obj, buf in copy_back + also:
         if _state.is_torch_tensor(obj):

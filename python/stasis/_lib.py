@@ -106,6 +106,7 @@ def _declare(lib):
         "stasis_add": ([u64, tens, ctypes.c_size_t, err], i32),
         "stasis_set_state": ([u64, p, err], i32),
         "stasis_set_compress": ([u64, p, err], i32),
+        "stasis_set_io": ([u64, p, err], i32),
         "stasis_commit": ([u64, i32, u64p, out_json, err], i32),
         "stasis_discard": ([u64], None),
         "stasis_save_wait": ([u64, out_json, err], i32),
@@ -116,6 +117,7 @@ def _declare(lib):
         "stasis_list": ([u64, p, out_json, err], i32),
         "stasis_describe": ([u64, p, out_json, err], i32),
         "stasis_load": ([u64, p, tens, ctypes.c_size_t, err], i32),
+        "stasis_load_io": ([u64, p, tens, ctypes.c_size_t, p, err], i32),
         "stasis_free": ([ctypes.c_void_p], None),
     }
     for name, (args, res) in sigs.items():

@@ -188,6 +188,16 @@ class Edges(StoreTest):
         from stasis import _lib
         self.assertEqual(sum(1 for s in _lib._stores.values() if s.home == self.home), 1)
 
+    def test_io_path_is_checked_and_host_arrays_take_the_host_path(self):
+        w = {"w": np.arange(1 << 20, dtype=np.float32)}
+        with self.assertRaisesRegex(stasis.InvalidArgument, 'I/O path "gds": use auto, cufile or pinned'):
+            stasis.save(w, job="io", step=1, io="gds", home=self.home)
+        stasis.save(w, job="io", step=2, io="cufile", blocking=True, home=self.home).wait()
+        back = stasis.load(job="io", io="pinned", home=self.home)
+        np.testing.assert_array_equal(back["w"], w["w"])
+        with self.assertRaisesRegex(stasis.InvalidArgument, 'I/O path "gds"'):
+            stasis.load(job="io", io="gds", home=self.home)
+
     def test_done_does_not_wait_for_a_waiting_thread(self):
         import threading
         h = stasis.save({"w": np.random.default_rng(1).standard_normal(32 << 20)}, job="poll", step=1, home=self.home)

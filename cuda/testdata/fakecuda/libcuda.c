@@ -16,6 +16,13 @@
  * N-th device-to-host copy fail; pinning and unpinning, stream creation and
  * destruction are counted in calls.log.
  *
+ * The one kernel stasis launches, stasis_crc32c_blocks of
+ * cuda/kernels/crc32c.cu, runs here on the host: cuModuleLoadData takes an
+ * image that names it, cuModuleGetFunction finds it (and nothing else),
+ * and cuLaunchKernel writes each 4096-byte block's CRC32C, as the kernel
+ * does; .../fail-launch makes launches fail. Loads, unloads and launches
+ * are counted in calls.log.
+ *
  * Built with -DNO_CHECKPOINT_API it lacks the checkpoint API, like a driver
  * before 570: then cuda-checkpoint.c, the stand-in for NVIDIA's tool, makes
  * the same calls.
@@ -36,7 +43,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { OK = 0, INVALID_VALUE = 1, NOT_READY = 600, ILLEGAL_STATE = 401, UNKNOWN = 999 };
+enum { OK = 0, INVALID_VALUE = 1, INVALID_IMAGE = 200, NOT_FOUND = 500, NOT_READY = 600, ILLEGAL_STATE = 401, UNKNOWN = 999 };
 enum { RUNNING = 0, LOCKED = 1, CHECKPOINTED = 2 };
 
 static const char *dir(void) {
@@ -190,6 +197,8 @@ static const struct { int code; const char *name, *string; } errors[] = {
 	{NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
 	{ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
 	{UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+	{INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+	{NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
 	{INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
 };
 static int error_index(int r) {
@@ -213,13 +222,17 @@ int cuCheckpointProcessUnlock(int pid, void *args) { (void)args; return transiti
 int cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) { *tid = pid; return OK; }
 #endif
 
+/* Handles are addresses of objects of the library's own: stasis keeps
+ * them in pointer-typed Go values, which must not hold small numbers. */
+static char the_ctx, the_stream, the_module, the_kernel;
+
 int cuPointerGetAttribute(void *data, int attribute, unsigned long long ptr) {
 	(void)attribute; (void)ptr;
-	*(void **)data = (void *)1;
+	*(void **)data = &the_ctx;
 	return OK;
 }
 int cuCtxSetCurrent(void *ctx) { (void)ctx; return OK; }
-int cuDevicePrimaryCtxRetain(void **ctx, int dev) { (void)dev; *ctx = (void *)1; return OK; }
+int cuDevicePrimaryCtxRetain(void **ctx, int dev) { (void)dev; *ctx = &the_ctx; return OK; }
 int cuMemcpyDtoH_v2(void *dst, unsigned long long src, size_t n) {
 	static int calls;
 	int failAt = readint("fail-dtoh", 0);
@@ -229,7 +242,7 @@ int cuMemcpyDtoH_v2(void *dst, unsigned long long src, size_t n) {
 }
 /* Streams: copies queued on a stream are made at once; a failing copy
  * counts with the synchronous ones for fail-dtoh. */
-int cuStreamCreate(void **stream, unsigned int flags) { (void)flags; *stream = (void *)2; logcall("stream-create", 0, OK); return OK; }
+int cuStreamCreate(void **stream, unsigned int flags) { (void)flags; *stream = &the_stream; logcall("stream-create", 0, OK); return OK; }
 int cuStreamDestroy_v2(void *stream) { (void)stream; logcall("stream-destroy", 0, OK); return OK; }
 int cuStreamSynchronize(void *stream) { (void)stream; return OK; }
 int cuMemcpyDtoHAsync_v2(void *dst, unsigned long long src, size_t n, void *stream) { (void)stream; return cuMemcpyDtoH_v2(dst, src, n); }
@@ -238,6 +251,46 @@ int cuMemHostRegister_v2(void *p, size_t n, unsigned int flags) { (void)p; (void
 int cuMemHostUnregister(void *p) { (void)p; logcall("unregister", 0, OK); return OK; }
 int cuMemAlloc_v2(unsigned long long *p, size_t n) { *p = (unsigned long long)malloc(n); return *p ? OK : UNKNOWN; }
 int cuMemFree_v2(unsigned long long p) { free((void *)p); return OK; }
+
+/* The CRC32C kernel, on the host. */
+static const char crc_kernel[] = "stasis_crc32c_blocks";
+int cuModuleLoadData(void **mod, const void *image) {
+	int r = strstr((const char *)image, crc_kernel) ? OK : INVALID_IMAGE;
+	if (r == OK) *mod = &the_module;
+	logcall("module-load", 0, r);
+	return r;
+}
+int cuModuleUnload(void *mod) { (void)mod; logcall("module-unload", 0, OK); return OK; }
+int cuModuleGetFunction(void **fn, void *mod, const char *name) {
+	(void)mod;
+	if (strcmp(name, crc_kernel)) return NOT_FOUND;
+	*fn = &the_kernel;
+	return OK;
+}
+static unsigned int crc32c(const unsigned char *p, unsigned long long n) {
+	unsigned int c = 0xffffffffu;
+	for (unsigned long long i = 0; i < n; i++) {
+		c ^= p[i];
+		for (int bit = 0; bit < 8; bit++) c = (c >> 1) ^ (0x82f63b78u & (0u - (c & 1u)));
+	}
+	return ~c;
+}
+/* The kernel's parameters: the source, its length, the block checksums. */
+int cuLaunchKernel(void *fn, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
+                   unsigned int bz, unsigned int shared, void *stream, void **params, void **extra) {
+	(void)gy; (void)gz; (void)by; (void)bz; (void)shared; (void)stream; (void)extra;
+	if (fn != &the_kernel || failing("launch")) {
+		logcall("launch", 0, UNKNOWN);
+		return UNKNOWN;
+	}
+	const unsigned char *src = *(const unsigned char **)params[0];
+	unsigned long long n = *(unsigned long long *)params[1];
+	unsigned int *out = *(unsigned int **)params[2];
+	for (unsigned long long b = 0; b < (unsigned long long)gx * bx && b * 4096 < n; b++)
+		out[b] = crc32c(src + b * 4096, n - b * 4096 < 4096 ? n - b * 4096 : 4096);
+	logcall("launch", 0, OK);
+	return OK;
+}
 
 /* NVML */
 int nvmlInit_v2(void) { return OK; }
