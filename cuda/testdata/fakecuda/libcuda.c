@@ -43,40 +43,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "standin.h"
+
 enum { OK = 0, INVALID_VALUE = 1, INVALID_IMAGE = 200, NOT_FOUND = 500, NOT_READY = 600, ILLEGAL_STATE = 401, UNKNOWN = 999 };
 enum { RUNNING = 0, LOCKED = 1, CHECKPOINTED = 2 };
 
-static const char *dir(void) {
-	const char *d = getenv("STASIS_FAKE_CUDA_DIR");
-	return d ? d : "/tmp";
-}
-
-static void logcall(const char *call, int pid, int result) {
-	char path[4096];
-	snprintf(path, sizeof path, "%s/calls.log", dir());
-	FILE *f = fopen(path, "a");
-	if (f) {
-		fprintf(f, "%s %d %d\n", call, pid, result);
-		fclose(f);
-	}
-}
-
 static int failing(const char *call) {
-	char path[4096];
-	snprintf(path, sizeof path, "%s/fail-%s", dir(), call);
-	return access(path, F_OK) == 0;
-}
-
-static int readint(const char *name, int dflt) {
-	char path[4096];
-	snprintf(path, sizeof path, "%s/%s", dir(), name);
-	FILE *f = fopen(path, "r");
-	int v = dflt;
-	if (f) {
-		if (fscanf(f, "%d", &v) != 1) v = dflt;
-		fclose(f);
-	}
-	return v;
+	char name[256];
+	snprintf(name, sizeof name, "fail-%s", call);
+	return exists(name);
 }
 
 static int get_state(int pid) {

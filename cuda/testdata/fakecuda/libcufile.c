@@ -29,47 +29,16 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "standin.h"
+
 typedef struct { int err; int cu_err; } file_error;
 typedef struct { int type; union { int fd; void *handle; } handle; const void *fs_ops; } file_descr;
-
-static const char *dir(void) {
-	const char *d = getenv("STASIS_FAKE_CUDA_DIR");
-	return d ? d : "/tmp";
-}
-
-static void logcall(const char *call, int result) {
-	char path[4096];
-	snprintf(path, sizeof path, "%s/calls.log", dir());
-	FILE *f = fopen(path, "a");
-	if (f) {
-		fprintf(f, "%s 0 %d\n", call, result);
-		fclose(f);
-	}
-}
-
-static int exists(const char *name) {
-	char path[4096];
-	snprintf(path, sizeof path, "%s/%s", dir(), name);
-	return access(path, F_OK) == 0;
-}
-
-static int readint(const char *name, int dflt) {
-	char path[4096];
-	snprintf(path, sizeof path, "%s/%s", dir(), name);
-	FILE *f = fopen(path, "r");
-	int v = dflt;
-	if (f) {
-		if (fscanf(f, "%d", &v) != 1) v = dflt;
-		fclose(f);
-	}
-	return v;
-}
 
 static file_error result(const char *call, int err) {
 	file_error e = {err, 0};
 	char refused[256];
 	snprintf(refused, sizeof refused, "%s-refused", call);
-	logcall(err ? refused : call, err);
+	logcall(err ? refused : call, 0, err);
 	return e;
 }
 
@@ -105,7 +74,7 @@ file_error cuFileHandleRegister(void **fh, file_descr *d) {
 }
 void cuFileHandleDeregister(void *fh) {
 	free(fh);
-	logcall("cufile-handle-deregister", 0);
+	logcall("cufile-handle-deregister", 0, 0);
 }
 file_error cuFileBufRegister(const void *base, size_t n, int flags) {
 	(void)base; (void)n; (void)flags;
@@ -140,16 +109,16 @@ static ssize_t io(int write, void *fh, void *base, size_t n, off_t off, off_t de
 ssize_t cuFileWrite(void *fh, const void *base, size_t n, off_t off, off_t devOff) {
 	int failAt = readint("fail-cufile-write", -1);
 	if (failAt >= 0 && off >= failAt) {
-		logcall("cufile-write-refused", 5011);
+		logcall("cufile-write-refused", 0, 5011);
 		return -5011;
 	}
 	ssize_t r = io(1, fh, (void *)base, n, off, devOff);
-	logcall("cufile-write", r < 0 ? errno : 0);
+	logcall("cufile-write", 0, r < 0 ? errno : 0);
 	return r;
 }
 
 ssize_t cuFileRead(void *fh, void *base, size_t n, off_t off, off_t devOff) {
 	ssize_t r = io(0, fh, base, n, off, devOff);
-	logcall("cufile-read", r < 0 ? errno : 0);
+	logcall("cufile-read", 0, r < 0 ? errno : 0);
 	return r;
 }
