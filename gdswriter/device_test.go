@@ -144,7 +144,7 @@ func TestFillDevice(t *testing.T) {
 	if !bytes.Equal(back[lo:lo+4*chunk], dev[lo:lo+4*chunk]) {
 		t.Fatal("chunks read into device memory differ")
 	}
-	corrupt(t, path, res.Chunks[3].Offset+5)
+	wtFlip(t, path, res.Chunks[3].Offset+5)
 	err = r.ReadToDevice(context.Background(), df, chunks, ReadOptions{Workers: 2})
 	var ce *ChunkError
 	if !errors.As(err, &ce) || ce.Index != 3 || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "computed in device memory") {
@@ -172,21 +172,6 @@ func readAll(t *testing.T, path string, res Result) []byte {
 		t.Fatal(err)
 	}
 	return got
-}
-
-func corrupt(t *testing.T, path string, off int64) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, 1)
-	f.ReadAt(b, off)
-	b[0] ^= 0x40
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestFillDeviceFailure makes the second device write fail: Close reports

@@ -31,17 +31,7 @@ import (
 // without its disk's udev record: cuFileHandleRegister fails), and that
 // auto then falls back saying why.
 func TestRealGPUCuFile(t *testing.T) {
-	if os.Getenv("STASIS_GPU_TEST") == "" {
-		t.Skip("needs an NVIDIA GPU: set STASIS_GPU_TEST=1 on the GPU machine")
-	}
-	n := 1 << 30
-	if v, err := strconv.Atoi(os.Getenv("STASIS_GPU_TEST_BYTES")); err == nil {
-		n = v
-	}
-	dir := os.Getenv("STASIS_GPU_TEST_DIR")
-	if dir == "" {
-		dir = t.TempDir()
-	}
+	n, dir := realGPUSettings(t, 1<<30)
 	expect := os.Getenv("STASIS_GPU_TEST_CUFILE")
 	drv, err := cuda.LoadLibrary()
 	if err != nil {

@@ -28,17 +28,7 @@ import (
 // (for scripts/bench_peers.py, which times torch.save and safetensors on
 // the same bytes) and the figures to PREFIX.json.
 func TestRealGPU(t *testing.T) {
-	if os.Getenv("STASIS_GPU_TEST") == "" {
-		t.Skip("needs an NVIDIA GPU: set STASIS_GPU_TEST=1 on the GPU machine")
-	}
-	n := 2 << 30
-	if v, err := strconv.Atoi(os.Getenv("STASIS_GPU_TEST_BYTES")); err == nil {
-		n = v
-	}
-	dir := os.Getenv("STASIS_GPU_TEST_DIR")
-	if dir == "" {
-		dir = t.TempDir()
-	}
+	n, dir := realGPUSettings(t, 2<<30)
 	drv, err := cuda.Load()
 	if err != nil {
 		t.Fatal(err)
@@ -169,4 +159,22 @@ func TestRealGPU(t *testing.T) {
 	if recs, _ := s.List(catalog.Filter{}); len(recs) != 0 {
 		t.Fatalf("a failed save is listed: %+v", recs)
 	}
+}
+
+// realGPUSettings skips the test unless STASIS_GPU_TEST is set, and returns
+// how many bytes to move (STASIS_GPU_TEST_BYTES, else defaultBytes) and the
+// directory for the stores (STASIS_GPU_TEST_DIR, else a temporary one).
+func realGPUSettings(t *testing.T, defaultBytes int) (n int, dir string) {
+	t.Helper()
+	if os.Getenv("STASIS_GPU_TEST") == "" {
+		t.Skip("needs an NVIDIA GPU: set STASIS_GPU_TEST=1 on the GPU machine")
+	}
+	n = defaultBytes
+	if v, err := strconv.Atoi(os.Getenv("STASIS_GPU_TEST_BYTES")); err == nil {
+		n = v
+	}
+	if dir = os.Getenv("STASIS_GPU_TEST_DIR"); dir == "" {
+		dir = t.TempDir()
+	}
+	return n, dir
 }
