@@ -21,9 +21,11 @@ type ReadOptions struct {
 	Pin gdswriter.Pinning
 }
 
-// openData opens data file f of a complete checkpoint after checking its
-// size against the manifest.
-func (s *Store) openData(m *Manifest, f DataFile, noDirect bool) (*gdswriter.Reader, error) {
+// OpenData opens data file f of a complete checkpoint for reading, after
+// checking its size against the manifest: StreamFile, EachChunk and the
+// like use it, and so do readers that go to the chunks themselves
+// (straight into device memory). The caller closes it.
+func (s *Store) OpenData(m *Manifest, f DataFile, noDirect bool) (*gdswriter.Reader, error) {
 	path := filepath.Join(s.CheckpointDir(m.ID), f.Name)
 	st, err := os.Stat(path)
 	if err != nil {
@@ -35,18 +37,11 @@ func (s *Store) openData(m *Manifest, f DataFile, noDirect bool) (*gdswriter.Rea
 	return gdswriter.OpenReader(path, noDirect)
 }
 
-// OpenData opens data file f of a complete checkpoint for reading, after
-// checking its size against the manifest: for readers that go to the
-// chunks themselves (straight into device memory). The caller closes it.
-func (s *Store) OpenData(m *Manifest, f DataFile, noDirect bool) (*gdswriter.Reader, error) {
-	return s.openData(m, f, noDirect)
-}
-
 // StreamFile reads data file f of a complete checkpoint, verifying every
 // chunk, and calls fn with the decoded chunks in order. Bad data comes back
 // as an error that wraps gdswriter.ErrCorrupt and names the file and chunk.
 func (s *Store) StreamFile(ctx context.Context, m *Manifest, f DataFile, o ReadOptions, fn func(i int, raw []byte) error) error {
-	r, err := s.openData(m, f, o.NoDirect)
+	r, err := s.OpenData(m, f, o.NoDirect)
 	if err != nil {
 		return err
 	}
@@ -66,7 +61,7 @@ func (s *Store) StreamRange(ctx context.Context, m *Manifest, f DataFile, off, n
 		return nil
 	}
 	first, last := int(off/f.ChunkSize), int((off+n-1)/f.ChunkSize)
-	r, err := s.openData(m, f, o.NoDirect)
+	r, err := s.OpenData(m, f, o.NoDirect)
 	if err != nil {
 		return err
 	}
@@ -107,7 +102,7 @@ func (s *Store) EachChunkOf(ctx context.Context, m *Manifest, f DataFile, indexe
 			chunks[k] = f.Chunks[i]
 		}
 	}
-	r, err := s.openData(m, f, o.NoDirect)
+	r, err := s.OpenData(m, f, o.NoDirect)
 	if err != nil {
 		return err
 	}
@@ -132,7 +127,7 @@ func (s *Store) EachChunkOf(ctx context.Context, m *Manifest, f DataFile, indexe
 // (exactly f.RawSize bytes), verifying every chunk, with chunks read and
 // decoded in parallel straight into their place.
 func (s *Store) ReadFileInto(ctx context.Context, m *Manifest, f DataFile, dst []byte, o ReadOptions) error {
-	r, err := s.openData(m, f, o.NoDirect)
+	r, err := s.OpenData(m, f, o.NoDirect)
 	if err != nil {
 		return err
 	}
