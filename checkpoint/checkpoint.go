@@ -250,7 +250,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		followed <- nil
 	} else {
 		// Streamed ranges of the RAM images are freed as they go.
-		go func() { followed <- packer.Follow(images, isPagesImage, stopFollowing, true) }()
+		go func() { followed <- packer.Follow(images, IsPagesImage, stopFollowing, true) }()
 	}
 	finishFollowing := func() error {
 		select {
@@ -378,8 +378,8 @@ func commit(p *catalog.Pending, packer *fileset.Packer, images, work string, met
 	return p.Commit()
 }
 
-// isPagesImage matches CRIU's memory images, pages-N.img.
-func isPagesImage(name string) bool {
+// IsPagesImage matches CRIU's memory images, pages-N.img.
+func IsPagesImage(name string) bool {
 	return strings.HasPrefix(name, "pages-") && strings.HasSuffix(name, ".img")
 }
 

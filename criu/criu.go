@@ -171,13 +171,18 @@ type InheritFD struct {
 	File *os.File
 }
 
+// logLevel is LogLevel, 4 when unset.
+func (o Options) logLevel() int {
+	if o.LogLevel == 0 {
+		return 4
+	}
+	return o.LogLevel
+}
+
 // rpcOpts translates o. config, when set, is a CRIU configuration file
 // that CRIU inherits (NamespacesOf).
 func (o Options) rpcOpts(imagesDir, workDir, config *os.File, logFile string) *rpc.CriuOpts {
-	level := o.LogLevel
-	if level == 0 {
-		level = 4
-	}
+	level := o.logLevel()
 	opts := &rpc.CriuOpts{
 		ImagesDirFd:    proto.Int32(int32(imagesDir.Fd())),
 		WorkDirFd:      proto.Int32(int32(workDir.Fd())),

@@ -292,13 +292,9 @@ func restoreStreamed(o Options, imagesDir, workDir string) (int, error) {
 	if o.NamespacesOf != 0 {
 		return 0, errors.New("criu restore: a streamed restore cannot run inside another process's namespaces")
 	}
-	level := o.LogLevel
-	if level == 0 {
-		level = 4
-	}
 	pidFile := filepath.Join(workDir, "restore.pid")
 	args := []string{"restore", "--stream", "--images-dir", imagesDir, "--work-dir", workDir,
-		"--log-file", RestoreLog, fmt.Sprintf("-v%d", level),
+		"--log-file", RestoreLog, fmt.Sprintf("-v%d", o.logLevel()),
 		"--restore-detached", "--restore-sibling", "--pidfile", pidFile}
 	for _, flag := range []struct {
 		on   bool

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/checkpoint"
 	"github.com/stasis-ckpt/stasis/criu"
 )
 
@@ -16,8 +17,7 @@ import (
 // memory images (pages-N.img), which hold almost all of a checkpoint's
 // bytes and which CRIU reads once, front to back.
 func streamedImage(e catalog.Entry) bool {
-	return e.Type == catalog.EntryFile && !strings.Contains(e.Path, "/") &&
-		strings.HasPrefix(e.Path, "pages-") && strings.HasSuffix(e.Path, ".img")
+	return e.Type == catalog.EntryFile && !strings.Contains(e.Path, "/") && checkpoint.IsPagesImage(e.Path)
 }
 
 // serveImages answers `criu restore --stream` for checkpoint m: the memory
