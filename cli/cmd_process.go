@@ -119,7 +119,8 @@ func (e *env) restoreCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "gpu-map", Usage: "OLD=NEW,... (GPU indexes or UUIDs): restore GPU state onto other GPUs (default: the same GPUs, or the same index when they are not here)"},
 			&ucli.BoolFlag{Name: "force", Usage: "restore even if this machine does not match the checkpoint (files, mounts, driver, GPU models); the differences are printed as warnings"},
 			&ucli.BoolFlag{Name: "new-pidns", Usage: "restore into a new PID namespace, where the tree gets its own PIDs even if they are taken here"},
-			&ucli.BoolFlag{Name: "verify-first", Usage: "read and verify every image, memory included, before CRIU runs (by default the memory images are streamed to CRIU as they are verified; a bad chunk stops CRIU, which undoes the restore)"},
+			&ucli.StringFlag{Name: "pages", Value: string(restore.PagesFill), Usage: "how the memory comes back: fill (CRIU restores file mappings and the like, stasis writes the private anonymous memory into the rebuilt tree on every core before it runs), stream (the memory images streamed to CRIU as they are verified) or unpack (every image verified into a scratch directory before CRIU runs); a bad chunk always stops the restore and nothing of the tree runs"},
+			&ucli.BoolFlag{Name: "verify-first", Usage: "the same as --pages unpack"},
 			&ucli.BoolFlag{Name: "json", Usage: "print the PID and timings as JSON"},
 		), hookFlags(hooks.PostRestore)...),
 		Action: func(c *ucli.Context) error {
@@ -139,7 +140,17 @@ func (e *env) restoreCommand() *ucli.Command {
 			if c.Bool("new-pidns") {
 				pidns = restore.PIDNSAlways
 			}
-			res, err := hooks.Restore(c.Context, s, rec.ID, restore.Options{PIDWait: c.Duration("pid-wait"), Read: catalog.ReadOptions{}, GPUMap: gpuMap, Force: c.Bool("force"), PIDNS: pidns, VerifyFirst: c.Bool("verify-first")}, scripts(c, cfg), e.stderr)
+			pages, err := restore.ParsePagesMode(c.String("pages"))
+			if err != nil {
+				return usagef("--pages " + err.Error())
+			}
+			if c.Bool("verify-first") {
+				if c.IsSet("pages") && pages != restore.PagesUnpack {
+					return usagef("--verify-first is --pages unpack; it cannot go with --pages " + string(pages))
+				}
+				pages = restore.PagesUnpack
+			}
+			res, err := hooks.Restore(c.Context, s, rec.ID, restore.Options{PIDWait: c.Duration("pid-wait"), Read: catalog.ReadOptions{}, GPUMap: gpuMap, Force: c.Bool("force"), PIDNS: pidns, Pages: pages}, scripts(c, cfg), e.stderr)
 			if res == nil {
 				return err
 			}
@@ -152,15 +163,20 @@ func (e *env) restoreCommand() *ucli.Command {
 				return errors.Join(printJSON(e.stdout, map[string]any{
 					"warnings": res.Warnings, "id": rec.ID, "pid": res.PID, "unpack_seconds": res.Unpack.Seconds(), "criu_seconds": res.CRIU.Seconds(),
 					"gpu_seconds": res.GPU.Seconds(), "gpu_remapped": len(res.GPUPairs) > 0, "pid_inside_namespace": res.PIDInside,
-					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM, "streamed": res.Streamed, "stream_write_seconds": res.StreamWrite.Seconds(),
+					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM, "pages": res.Pages,
+					"fill_seconds": res.Fill.Seconds(), "filled_bytes": res.Filled, "filled_zero_bytes": res.FilledZero, "kept_for_criu_bytes": res.KeptForCRIU,
+					"stream_write_seconds": res.StreamWrite.Seconds(),
 				}), hookErr)
 			}
-			criuStep := "criu"
-			if res.Streamed {
-				criuStep = "criu (memory streamed)"
+			criuStep := "criu " + res.CRIU.Round(time.Millisecond).String()
+			switch res.Pages {
+			case restore.PagesFill:
+				criuStep += fmt.Sprintf(" (of which %s writing %s of memory into the tree, %s of zeros left out)", res.Fill.Round(time.Millisecond), humanBytes(res.Filled), humanBytes(res.FilledZero))
+			case restore.PagesStream:
+				criuStep += " (memory streamed)"
 			}
-			fmt.Fprintf(e.stderr, "restored %s (job %s, step %d): unpack %s, %s %s\n", rec.ID, rec.Job, rec.Step,
-				res.Unpack.Round(time.Millisecond), criuStep, res.CRIU.Round(time.Millisecond))
+			fmt.Fprintf(e.stderr, "restored %s (job %s, step %d): unpack %s, %s\n", rec.ID, rec.Job, rec.Step,
+				res.Unpack.Round(time.Millisecond), criuStep)
 			fmt.Fprintln(e.stdout, res.PID)
 			return hookErr
 		},

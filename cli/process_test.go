@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -253,10 +254,12 @@ func TestCheckpointLeaveRunningAndPIDTaken(t *testing.T) {
 
 // TestRestoreRefusesCorruptImages flips one byte of a checkpoint in turn
 // inside a memory image (pages-N.img) and inside a small image, and
-// restores with the memory streamed to CRIU (the default) and with
-// --verify-first. A small image is refused before CRIU runs either way; a
-// memory image is refused before CRIU runs with --verify-first, and
-// streamed, CRIU stops where the bad chunk begins and undoes the restore.
+// restores with the memory filled in by stasis (the default), streamed to
+// CRIU, and with --verify-first. A small image is refused before CRIU
+// runs; a memory image is refused before CRIU runs with --verify-first,
+// filled, the write into the rebuilt tree stops at the bad chunk and CRIU
+// undoes the restore, and streamed, CRIU stops where the bad chunk begins
+// and undoes the restore.
 // Every time the error names the chunk, the tree does not run, and the
 // checkpoint, mended, restores after all.
 func TestRestoreRefusesCorruptImages(t *testing.T) {
@@ -308,9 +311,11 @@ func TestRestoreRefusesCorruptImages(t *testing.T) {
 		criuRan   bool
 		errSuffix string
 	}{
-		{"memory image, streamed", isPages, nil, true, `CRIU stopped the restore there; nothing of the tree runs`},
+		{"memory image, filled", isPages, nil, true, `CRIU undid the restore; nothing of the tree runs`},
+		{"memory image, filled, new PID namespace", isPages, []string{"--new-pidns"}, true, `CRIU undid the restore; nothing of the tree runs`},
+		{"memory image, streamed", isPages, []string{"--pages", "stream"}, true, `CRIU stopped the restore there; nothing of the tree runs`},
 		{"memory image, --verify-first", isPages, []string{"--verify-first"}, false, ``},
-		{"small image, streamed", isCore, nil, false, ``},
+		{"small image", isCore, nil, false, ``},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			logs, _ := filepath.Glob(filepath.Join(home, "logs", "*restore.log"))
@@ -323,8 +328,8 @@ func TestRestoreRefusesCorruptImages(t *testing.T) {
 			defer os.WriteFile(data, good, 0o600)
 			r := run(t, home, append([]string{"restore", id}, c.args...)...)
 			expectCode(t, r, cli.ExitCorrupt, fmt.Sprintf(`data\.0000: chunk %d at offset \d+: checksum mismatch.*%s`, index, c.errSuffix))
-			if alive(pid) {
-				t.Fatal("the tree runs after a restore from corrupted images")
+			if alive(pid) || len(running(out)) > 0 {
+				t.Fatalf("the tree runs after a restore from corrupted images (PIDs %v)", append(running(out), pid))
 			}
 			after, _ := filepath.Glob(filepath.Join(home, "logs", "*restore.log"))
 			if ran := len(after) > len(logs); ran != c.criuRan {
@@ -598,6 +603,106 @@ func nsPIDs(t *testing.T, pid int) []int {
 // namespace, where the copy has its old PID, and both run. The copy is
 // checkpointed from inside its namespace, under the PID it has there; when
 // it ends, so does the namespace's init.
+// running lists the live processes whose command line holds arg, in any
+// PID namespace.
+func running(arg string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); bytes.Contains(cmd, []byte(arg)) && alive(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// memcheckLines reads what testdata/memcheck.py appended to out: one line
+// per check, "ROLE N ok" or "ROLE N bad WHAT".
+func memcheckLines(t *testing.T, out string) []string {
+	t.Helper()
+	data, err := os.ReadFile(out)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSpace(string(data)), "\n")
+}
+
+// waitMemchecks waits until both processes of memcheck.py have checked
+// their memory twice more after line from, and fails on any check that
+// found it changed.
+func waitMemchecks(t *testing.T, out string, from int) int {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		lines := memcheckLines(t, out)
+		seen := map[string]int{}
+		for _, l := range lines[min(from, len(lines)):] {
+			f := strings.Fields(l)
+			if len(f) < 3 {
+				continue // being written
+			}
+			if f[2] != "ok" {
+				t.Fatalf("memory differs after the restore: %q", l)
+			}
+			seen[f[0]]++
+		}
+		if seen["parent"] >= 2 && seen["child"] >= 2 {
+			return len(lines)
+		}
+	}
+	t.Fatalf("memcheck.py stopped checking (%s)", out)
+	return 0
+}
+
+// TestRestoreBringsBackEveryKindOfMemory restores a parent and a child
+// holding memory of every kind (private anonymous pages random, zero,
+// nearly zero and untouched, shared copy-on-write with the child or
+// rewritten by it; read-only anonymous memory; changed pages of a private
+// file mapping; the heap) in each way the memory can come back, and in a
+// new PID namespace; both processes find every byte as it was.
+func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
+	requireCRIU(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	home := t.TempDir()
+	out := filepath.Join(t.TempDir(), "checks")
+	pid := startDetached(t, "python3", "testdata/memcheck.py", out)
+	from := waitMemchecks(t, out, 0)
+	id := checkpointPID(t, home, pid)
+	waitGone(t, pid)
+	for _, args := range [][]string{{"--pages", "fill"}, {"--pages", "stream"}, {"--pages", "unpack"}, {"--new-pidns"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			r := mustRun(t, home, append([]string{"restore", "--json", id}, args...)...)
+			var rep struct {
+				PID    int    `json:"pid"`
+				Pages  string `json:"pages"`
+				Filled int64  `json:"filled_bytes"`
+				Zero   int64  `json:"filled_zero_bytes"`
+				Kept   int64  `json:"kept_for_criu_bytes"`
+			}
+			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+				t.Fatalf("restore --json printed %q: %v", r.stdout, err)
+			}
+			defer func() { killTree(rep.PID); waitGone(t, rep.PID) }()
+			if rep.Pages == "fill" {
+				// The random pages and the heap are written, the zero
+				// pages left out, the file's changed pages kept for
+				// CRIU; the read-only memory is CRIU's too.
+				if rep.Filled < 8<<20 || rep.Zero < 4<<20 || rep.Kept < 1<<20 {
+					t.Errorf("filled %d bytes, left out %d as zeros, kept %d for CRIU", rep.Filled, rep.Zero, rep.Kept)
+				}
+			} else if rep.Filled != 0 {
+				t.Errorf("--pages %s filled %d bytes", rep.Pages, rep.Filled)
+			}
+			from = waitMemchecks(t, out, from)
+		})
+	}
+}
+
 func TestRestoreNewPIDNS(t *testing.T) {
 	requireCRIU(t)
 	home, tmp := t.TempDir(), t.TempDir()

@@ -29,33 +29,51 @@ type pidnsRequest struct {
 	Inherit    []string      `json:"inherit,omitempty"`
 	Supervised bool          `json:"supervised,omitempty"`
 	KillAfter  time.Duration `json:"kill_after,omitempty"`
+	// PostRestore says the restoring stasis has work to do at CRIU's
+	// post-restore point: the init reports it (PostRestore) and waits for
+	// its answer on the fd after the inherited ones.
+	PostRestore bool `json:"post_restore,omitempty"`
 }
 
+// pidnsReport is what the init writes on fd 3: one report with
+// PostRestore set when CRIU reaches its post-restore point (if asked for),
+// then the outcome.
 type pidnsReport struct {
-	PID   int    `json:"pid"` // the restored root's PID inside the namespace
-	Error string `json:"error,omitempty"`
+	PID         int    `json:"pid"` // the restored root's PID inside the namespace
+	PostRestore bool   `json:"post_restore,omitempty"`
+	Error       string `json:"error,omitempty"`
 }
 
 // restoreInNewPIDNS restores the tree inside a new PID (and mount)
 // namespace, whose init is a copy of this binary (see Options.Supervised
 // for how long it stays). The tree gets its own PIDs inside the namespace,
 // whatever holds them outside. It returns the root's PID as this namespace
-// sees it and as the new one does, and the init's.
-func restoreInNewPIDNS(co criu.Options, images, work string, supervised bool, killAfter time.Duration) (hostPID, nsPID, init int, err error) {
+// sees it and as the new one does, and the init's. postRestore, when set,
+// runs at CRIU's post-restore point, given the init's PID (as this
+// namespace sees it); its error makes CRIU undo the restore.
+func restoreInNewPIDNS(co criu.Options, images, work string, supervised bool, killAfter time.Duration, postRestore func(init int) error) (hostPID, nsPID, init int, err error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	request := pidnsRequest{CRIU: co, Images: images, Work: work, Supervised: supervised, KillAfter: killAfter}
+	request := pidnsRequest{CRIU: co, Images: images, Work: work, Supervised: supervised, KillAfter: killAfter, PostRestore: postRestore != nil}
 	r, w, err := os.Pipe()
 	if err != nil {
 		return 0, 0, 0, err
 	}
+	answerR, answerW, err := os.Pipe()
+	if err != nil {
+		r.Close()
+		w.Close()
+		return 0, 0, 0, err
+	}
+	defer answerW.Close()
 	files := []*os.File{w} // fd 3: the report
 	for _, in := range co.InheritFDs {
 		request.Inherit = append(request.Inherit, in.Key)
 		files = append(files, in.File)
 	}
+	files = append(files, answerR) // then the answer to PostRestore
 	req, _ := json.Marshal(request)
 	cmd := exec.Command(exe, PIDNSInitArg, string(req))
 	cmd.ExtraFiles = files
@@ -66,11 +84,25 @@ func restoreInNewPIDNS(co criu.Options, images, work string, supervised bool, ki
 	if err := cmd.Start(); err != nil {
 		r.Close()
 		w.Close()
+		answerR.Close()
 		return 0, 0, 0, fmt.Errorf("start a PID namespace: %w", err)
 	}
 	w.Close()
+	answerR.Close()
 	var rep pidnsReport
-	decErr := json.NewDecoder(r).Decode(&rep)
+	reports := json.NewDecoder(r)
+	decErr := reports.Decode(&rep)
+	var postErr error
+	if decErr == nil && rep.PostRestore && postRestore != nil {
+		postErr = postRestore(cmd.Process.Pid)
+		answer := pidnsReport{}
+		if postErr != nil {
+			answer.Error = postErr.Error()
+		}
+		json.NewEncoder(answerW).Encode(answer)
+		rep = pidnsReport{}
+		decErr = reports.Decode(&rep)
+	}
 	r.Close()
 	host, found := 0, false
 	if decErr == nil && rep.Error == "" && rep.PID != 0 {
@@ -86,6 +118,9 @@ func restoreInNewPIDNS(co criu.Options, images, work string, supervised bool, ki
 	cmd.Process.Kill()
 	cmd.Wait()
 	switch log := filepath.Join(work, criu.RestoreLog); {
+	case postErr != nil:
+		// CRIU undid the restore because of it.
+		return 0, 0, 0, &criu.Error{Op: "restore", Err: postErr, Log: log, Excerpt: criu.ErrorLines(log, 6)}
 	case rep.Error != "" && fileExists(log):
 		// CRIU ran and failed: the same error as a restore here, so
 		// that the caller keeps the log.
@@ -147,7 +182,24 @@ func RunPIDNSInit(args []string) int {
 		report(pidnsReport{Error: fmt.Sprintf("pidns init: mount /proc: %v", err)})
 		return 1
 	}
-	pid, err := criu.Restore(req.CRIU, req.Images, req.Work, criu.Hooks{})
+	var hooks criu.Hooks
+	if req.PostRestore {
+		answers := json.NewDecoder(os.NewFile(uintptr(4+len(req.Inherit)), "answer"))
+		hooks.PostRestore = func(pid int) error {
+			if err := json.NewEncoder(out).Encode(pidnsReport{PID: pid, PostRestore: true}); err != nil {
+				return err
+			}
+			var answer pidnsReport
+			if err := answers.Decode(&answer); err != nil {
+				return fmt.Errorf("no answer from the restoring stasis: %w", err)
+			}
+			if answer.Error != "" {
+				return errors.New(answer.Error)
+			}
+			return nil
+		}
+	}
+	pid, err := criu.Restore(req.CRIU, req.Images, req.Work, hooks)
 	for _, in := range req.CRIU.InheritFDs {
 		in.File.Close() // the tree has its own copies now
 	}

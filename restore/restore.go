@@ -4,10 +4,14 @@
 // CRIU versions, warned about; the tree's PIDs free), unpacks the small
 // images into a scratch directory (in RAM when they fit) verifying every
 // chunk, and has CRIU restore the tree detached, so that it outlives
-// stasis, streaming the memory images to CRIU from the store as they are
-// verified (or, Options.VerifyFirst, unpacking them first too). When the tree's PIDs are taken it can restore it into a
-// new PID namespace instead (Options.PIDNS), whose init is a copy of
-// stasis that runs CRIU in there.
+// stasis. The memory images take one of three ways (Options.Pages): by
+// default CRIU restores only the pages of file mappings and the like,
+// and stasis writes the private anonymous memory into the rebuilt tree
+// on every core before it runs (fill.go); or they are streamed to CRIU
+// as they are verified; or unpacked and verified before CRIU runs. When
+// the tree's PIDs are taken it can restore it into a new PID namespace
+// instead (Options.PIDNS), whose init is a copy of stasis that runs CRIU
+// in there.
 package restore
 
 import (
@@ -68,13 +72,36 @@ type Options struct {
 	// (128 + n for signal n). Otherwise it stays as long as the tree runs.
 	Supervised bool
 	KillAfter  time.Duration
-	// VerifyFirst reads and verifies every image, the memory images
-	// included, into a scratch directory before CRIU runs, as CRIU by
-	// hand needs them. By default the memory images are streamed to CRIU
-	// (criu restore --stream) as they are read and verified, which
-	// overlaps reading the store with CRIU's restore; a chunk that fails
-	// its checks then stops CRIU, which undoes the restore.
-	VerifyFirst bool
+	// Pages is how the memory images reach the tree (PagesFill when
+	// empty). In every way, no byte that fails its checks reaches a
+	// process that runs: CRIU undoes the restore.
+	Pages PagesMode
+}
+
+// PagesMode is how a restore brings back the tree's memory.
+type PagesMode string
+
+const (
+	// PagesFill has CRIU restore only the pages that are not private
+	// anonymous writable memory, and stasis write the rest into the
+	// rebuilt tree, from several goroutines, before it runs (fill.go).
+	PagesFill PagesMode = "fill"
+	// PagesStream streams the whole memory images to CRIU as they are
+	// read and verified (criu restore --stream).
+	PagesStream PagesMode = "stream"
+	// PagesUnpack reads and verifies every image into a scratch
+	// directory before CRIU runs, as CRIU by hand needs them
+	// (--verify-first).
+	PagesUnpack PagesMode = "unpack"
+)
+
+// ParsePagesMode reads "fill", "stream" or "unpack".
+func ParsePagesMode(s string) (PagesMode, error) {
+	switch m := PagesMode(s); m {
+	case PagesFill, PagesStream, PagesUnpack:
+		return m, nil
+	}
+	return "", fmt.Errorf("%q: use fill, stream or unpack", s)
 }
 
 // PIDNSMode is when a restore goes into a new PID namespace.
@@ -106,16 +133,20 @@ type Result struct {
 	PIDTaken string
 	Manifest *catalog.Manifest
 	// Unpack is reading and verifying the images (only the small ones
-	// when Streamed); CRIU its restore (with the memory images streamed
-	// to it when Streamed); GPU the CUDA restore and unlock.
-	Unpack, CRIU, GPU, Total time.Duration
-	ImagesInRAM              bool
-	// Streamed says CRIU read the memory images from the store as it
-	// restored (criu restore --stream) rather than from unpacked files.
-	Streamed bool
-	// StreamWrite is the time spent writing the memory images into
-	// CRIU's pipes (mostly waiting for CRIU to read them): close to CRIU
-	// means CRIU set the pace, far below it the store did.
+	// and the pages left to CRIU, unless PagesUnpack); CRIU its restore
+	// (Fill, the memory stasis wrote into the tree, included); GPU the
+	// CUDA restore and unlock.
+	Unpack, CRIU, Fill, GPU, Total time.Duration
+	ImagesInRAM                    bool
+	// Pages is the way the memory was restored.
+	Pages PagesMode
+	// Filled and FilledZero count the bytes of memory stasis wrote into
+	// the tree and the bytes it left out as all zeros (PagesFill);
+	// KeptForCRIU the bytes of pages CRIU restored itself.
+	Filled, FilledZero, KeptForCRIU int64
+	// StreamWrite (PagesStream) is the time spent writing the memory
+	// images into CRIU's pipes (mostly waiting for CRIU to read them):
+	// close to CRIU means CRIU set the pace, far below it the store did.
 	StreamWrite time.Duration
 	GPUPairs    []cuda.GPUPair // the GPU remapping used, if any
 	// Warnings are the ways this machine differs from the checkpoint
@@ -170,10 +201,15 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 		return nil, err
 	}
 
-	// Streamed, only the small images are unpacked before CRIU runs.
+	mode := o.Pages
+	if mode == "" {
+		mode = PagesFill
+	}
+	// Unless unpacked, the memory images are not unpacked before CRIU
+	// runs.
 	unpackOpts := fileset.LoadOptions{Read: o.Read}
 	unpackBytes := m.Bytes
-	if !o.VerifyFirst {
+	if mode != PagesUnpack {
 		unpackOpts.Skip = streamedImage
 		unpackBytes = 0
 		for _, e := range m.Entries {
@@ -196,24 +232,54 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 	if err := fileset.Unpack(ctx, s, m, images, unpackOpts); err != nil {
 		return nil, err
 	}
+	res := &Result{Manifest: m, ImagesInRAM: scratch.InRAM(), Pages: mode, GPUPairs: pairs, Warnings: warnings}
 	var server *criu.ImageServer
-	if !o.VerifyFirst {
+	var plan *fillPlan
+	switch mode {
+	case PagesStream:
 		if server, err = serveImages(ctx, s, m, images, o.Read); err != nil {
 			return nil, err
 		}
 		defer server.Close()
 		co.Stream = true
+	case PagesFill:
+		if plan, err = planFill(m, images); err != nil {
+			return nil, err
+		}
+		defer plan.close()
+		if err := plan.writeKept(ctx, s, m, o.Read); err != nil {
+			return nil, err
+		}
+		res.KeptForCRIU = plan.KeepBytes
+	}
+	// postRestore writes the memory into the tree CRIU has rebuilt and
+	// not yet let run; init is the new PID namespace's, if any. An error
+	// makes CRIU undo the restore.
+	var fillErr error
+	postRestore := func(init int) error {
+		t := time.Now()
+		st, err := plan.writeFilled(ctx, s, m, o.Read, imagePIDs(init))
+		res.Fill, res.Filled, res.FilledZero, fillErr = time.Since(t), st.Written, st.Zero, err
+		return err
+	}
+	if plan == nil {
+		postRestore = nil
 	}
 	unpacked := time.Now()
+	res.Unpack = unpacked.Sub(start)
 	if !newNS {
 		// A PID may have been taken while we unpacked.
 		if newNS, taken, err = needNewPIDNS(ctx, meta, o.PIDNS, 0); err != nil {
 			return nil, err
 		}
 	}
-	res := &Result{Manifest: m, ImagesInRAM: scratch.InRAM(), Streamed: server != nil, Unpack: unpacked.Sub(start), GPUPairs: pairs, Warnings: warnings, PIDTaken: taken}
+	res.PIDTaken = taken
 	if !newNS {
-		res.PID, err = criu.Restore(co, images, work, criu.Hooks{})
+		var hooks criu.Hooks
+		if postRestore != nil {
+			hooks.PostRestore = func(int) error { return postRestore(0) }
+		}
+		res.PID, err = criu.Restore(co, images, work, hooks)
 		// Another process may take a PID between the check and CRIU's
 		// fork: CRIU has undone its work, and auto goes into a new
 		// namespace after all.
@@ -224,7 +290,11 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 		}
 	}
 	if newNS {
-		res.PID, res.PIDInside, res.Init, err = restoreInNewPIDNS(co, images, work, o.Supervised, o.KillAfter)
+		res.PID, res.PIDInside, res.Init, err = restoreInNewPIDNS(co, images, work, o.Supervised, o.KillAfter, postRestore)
+	}
+	if err != nil && fillErr != nil {
+		criu.KeepLog(err, s.KeepLog)
+		return nil, fmt.Errorf("%w (CRIU undid the restore; nothing of the tree runs)", fillErr)
 	}
 	if server != nil {
 		// Every image CRIU asked for has been sent by now, or CRIU has

@@ -10,8 +10,9 @@
 # the pause; then `sync` to make it durable. stasis: `checkpoint
 # --leave-running` (durable, compressed, checksummed before the job
 # resumes) and `checkpoint --fast`. Restores from a cold page cache: `criu
-# restore -d` + driver restore + unlock by hand, against `stasis restore`.
-# Prints one JSON object.
+# restore -d` + driver restore + unlock by hand, against `stasis restore`
+# (memory filled in by stasis, the default) and `stasis restore --pages
+# stream`. Prints one JSON object.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -74,15 +75,21 @@ hand_restore=$(since "$t")
 healthy "$log"
 kill -9 "$pid"; gone "$pid"; cold
 t=$(now)
-"$stasis" restore "$id" >/dev/null
+restored=$("$stasis" restore --json "$id")
 stasis_restore=$(since "$t")
+healthy "$log"
+kill -9 "$pid"; gone "$pid"; cold
+t=$(now)
+"$stasis" restore --pages stream "$id" >/dev/null
+stasis_restore_stream=$(since "$t")
 healthy "$log"
 kill -9 "$pid"; gone "$pid"
 
-python3 - "$gib" "$hand_pause" "$hand_dump" "$hand_sync" "$hand_bytes" "$durable" "$durable_total" "$fast" "$fast_total" "$hand_restore" "$stasis_restore" <<'PY'
+python3 - "$gib" "$hand_pause" "$hand_dump" "$hand_sync" "$hand_bytes" "$durable" "$durable_total" "$fast" "$fast_total" "$hand_restore" "$stasis_restore" "$restored" "$stasis_restore_stream" <<'PY'
 import json, sys
-gib, hp, hd, hs, hb, durable, dt, fast, ft, hr, sr = sys.argv[1:]
-hp, hd, hs, dt, ft, hr, sr = map(float, (hp, hd, hs, dt, ft, hr, sr))
+gib, hp, hd, hs, hb, durable, dt, fast, ft, hr, sr, restored, srs = sys.argv[1:]
+hp, hd, hs, dt, ft, hr, sr, srs = map(float, (hp, hd, hs, dt, ft, hr, sr, srs))
+rj = json.loads(restored)
 hb = int(hb)
 d, f = json.loads(durable), json.loads(fast)
 r = lambda x: round(x, 3)
@@ -96,12 +103,15 @@ print(json.dumps({
     "stasis_fast": {"pause_s": r(f["pause_seconds"]), "total_s": r(ft), "store_after_resume_s": r(f["store_seconds"]),
                     "stored_bytes": f["record"]["stored_bytes"]},
     "stasis_restore_s": r(sr),
+    "stasis_restore": {k: rj[k] for k in ("unpack_seconds", "criu_seconds", "fill_seconds", "gpu_seconds", "filled_bytes", "filled_zero_bytes", "kept_for_criu_bytes")},
+    "stasis_restore_streamed_s": r(srs),
     "ratios": {
         "fast_pause_vs_by_hand_pause": r(f["pause_seconds"] / hp),
         "fast_pause_vs_by_hand_pause_plus_sync": r(f["pause_seconds"] / (hp + hs)),
         "durable_pause_vs_by_hand_dump_plus_sync": r(d["pause_seconds"] / (hp + hs)),
         "stored_vs_by_hand_image": r(f["record"]["stored_bytes"] / hb),
         "restore_vs_by_hand": r(sr / hr),
+        "restore_streamed_vs_by_hand": r(srs / hr),
     },
 }, indent=1))
 PY

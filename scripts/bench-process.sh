@@ -8,9 +8,11 @@
 # By hand: `criu dump --leave-running -D DIR/by-hand` (the images land in the
 # page cache), then `sync` to make them durable; `criu restore -d`.
 # stasis: `stasis checkpoint --leave-running` (durable, compressed,
-# checksummed, committed) and `stasis restore` (memory images streamed to
-# CRIU as they are verified), and `stasis restore --verify-first` (every
-# image unpacked and verified before CRIU runs). Restores start from a cold
+# checksummed, committed) and `stasis restore` (CRIU restores all but the
+# private anonymous memory, which stasis writes into the tree from every
+# core), `stasis restore --pages stream` (memory images streamed to CRIU as
+# they are verified) and `stasis restore --verify-first` (every image
+# unpacked and verified before CRIU runs). Restores start from a cold
 # page cache (drop_caches) on both sides. Each round measures both sides,
 # in alternating order; the best time of each over the rounds is reported.
 # Prints one JSON object per size.
@@ -96,6 +98,12 @@ stasis_restore() {
 	kill -9 "$pid"; wait_gone "$pid"
 	cold
 	t=$(now)
+	"$stasis" restore --pages stream "$id" >/dev/null
+	stasis_restore_stream+=("$(since "$t")")
+	wait_counting "$dir/count"
+	kill -9 "$pid"; wait_gone "$pid"
+	cold
+	t=$(now)
 	"$stasis" restore --verify-first "$id" >/dev/null
 	stasis_restore_vf+=("$(since "$t")")
 	wait_counting "$dir/count"
@@ -104,7 +112,7 @@ stasis_restore() {
 mkdir -p "$dir"
 for size in "${sizes[@]}"; do
 	rm -rf "$dir/by-hand" "$STASIS_HOME" "$dir/count"
-	hand_dump=(); hand_sync=(); stasis_total=(); stasis_pause=(); hand_restore=(); stasis_restore=(); stasis_restore_vf=()
+	hand_dump=(); hand_sync=(); stasis_total=(); stasis_pause=(); hand_restore=(); stasis_restore=(); stasis_restore_stream=(); stasis_restore_vf=()
 	pid=$(sh -c "setsid python3 cli/testdata/memory.py '$dir/count' $size </dev/null >/dev/null 2>&1 & echo \$!")
 	until [ -s "$dir/count" ]; do sleep 0.1; done
 	wait_counting "$dir/count"
@@ -116,14 +124,14 @@ for size in "${sizes[@]}"; do
 		else
 			stasis_checkpoint; by_hand_checkpoint; stasis_restore; by_hand_restore
 		fi
-		echo "round $((round + 1)): by hand dump ${hand_dump[-1]} s (+ sync ${hand_sync[-1]} s), restore ${hand_restore[-1]} s; stasis checkpoint ${stasis_total[-1]} s, restore ${stasis_restore[-1]} s (--verify-first ${stasis_restore_vf[-1]} s)" >&2
+		echo "round $((round + 1)): by hand dump ${hand_dump[-1]} s (+ sync ${hand_sync[-1]} s), restore ${hand_restore[-1]} s; stasis checkpoint ${stasis_total[-1]} s, restore ${stasis_restore[-1]} s (--pages stream ${stasis_restore_stream[-1]} s, --verify-first ${stasis_restore_vf[-1]} s)" >&2
 	done
 	kill -9 "$pid"; wait_gone "$pid"
 
-	python3 - "$size" "$(best "${hand_dump[@]}")" "$(best "${hand_sync[@]}")" "$hand_bytes" "$(best "${stasis_total[@]}")" "$(best "${stasis_pause[@]}")" "$stored" "$(best "${hand_restore[@]}")" "$(best "${stasis_restore[@]}")" "$(best "${stasis_restore_vf[@]}")" "$rounds" <<'PY'
+	python3 - "$size" "$(best "${hand_dump[@]}")" "$(best "${hand_sync[@]}")" "$hand_bytes" "$(best "${stasis_total[@]}")" "$(best "${stasis_pause[@]}")" "$stored" "$(best "${hand_restore[@]}")" "$(best "${stasis_restore[@]}")" "$(best "${stasis_restore_stream[@]}")" "$(best "${stasis_restore_vf[@]}")" "$rounds" <<'PY'
 import json, sys
-size, hd, hs, hb, st, sp, sb, hr, sr, svf, rounds = sys.argv[1:]
-hd, hs, st, sp, hr, sr, svf = map(float, (hd, hs, st, sp, hr, sr, svf))
+size, hd, hs, hb, st, sp, sb, hr, sr, ss, svf, rounds = sys.argv[1:]
+hd, hs, st, sp, hr, sr, ss, svf = map(float, (hd, hs, st, sp, hr, sr, ss, svf))
 hb, sb = int(hb), int(sb)
 print(json.dumps({
     "memory_mib": int(size), "rounds": int(rounds),
@@ -134,6 +142,8 @@ print(json.dumps({
     "stored_vs_by_hand_image": round(sb / hb, 3),
     "by_hand_restore_s": round(hr, 3), "stasis_restore_s": round(sr, 3),
     "restore_vs_by_hand": round(sr / hr, 3),
+    "stasis_restore_streamed_s": round(ss, 3),
+    "restore_streamed_vs_by_hand": round(ss / hr, 3),
     "stasis_restore_verify_first_s": round(svf, 3),
     "restore_verify_first_vs_by_hand": round(svf / hr, 3),
 }))

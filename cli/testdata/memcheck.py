@@ -1,0 +1,74 @@
+# memcheck.py OUT: a parent and a forked child that hold memory of every
+# kind a restore treats apart, and check every 0.1 s that it still holds
+# what it held: each check appends "ROLE N ok" (or "ROLE N bad WHAT") to OUT.
+#
+# - anon: 16 MiB of private anonymous memory, its pages in turn random,
+#   all zeros (written, so resident), zeros but one byte, and untouched; the
+#   child rewrites part of it after the fork (the rest it shares, copy on
+#   write, with the parent);
+# - readonly: 1 MiB of private anonymous memory made read-only;
+# - file: a private mapping of a file, two of its pages changed (so their
+#   copies are anonymous pages of a file mapping);
+# - heap: 8 MiB in a bytearray.
+import ctypes
+import hashlib
+import mmap
+import os
+import random
+import sys
+import time
+
+out = sys.argv[1]
+PAGE = 4096
+rnd = random.Random(os.getpid())
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+anon = mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+for i in range(0, len(anon), PAGE):
+    kind = (i // PAGE) % 4
+    if kind == 0:
+        anon[i:i + PAGE] = rnd.randbytes(PAGE)
+    elif kind == 1:
+        anon[i:i + PAGE] = bytes(PAGE)
+    elif kind == 2:
+        anon[i + 100] = 0x5A
+
+readonly = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+readonly[:] = rnd.randbytes(len(readonly))
+view = ctypes.c_char.from_buffer(readonly)
+if libc.mprotect(ctypes.addressof(view), len(readonly), mmap.PROT_READ) != 0:
+    sys.exit("mprotect: errno %d" % ctypes.get_errno())
+del view
+
+with open(out + ".file", "wb") as f:
+    f.write(rnd.randbytes(1 << 20))
+with open(out + ".file", "r+b") as f:
+    file = mmap.mmap(f.fileno(), 1 << 20, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+file[0:PAGE] = rnd.randbytes(PAGE)
+file[5 * PAGE + 7] ^= 0xFF
+
+heap = bytearray(rnd.randbytes(8 << 20))
+
+role = "parent"
+if os.fork() == 0:
+    role = "child"
+    rnd = random.Random(os.getpid())
+    anon[0:16 * PAGE] = rnd.randbytes(16 * PAGE)
+    heap[0:PAGE] = rnd.randbytes(PAGE)
+
+regions = {"anon": anon, "readonly": readonly, "file": file, "heap": heap}
+
+
+def digests():
+    return {name: hashlib.sha256(r[:]).hexdigest() for name, r in regions.items()}
+
+
+want = digests()
+n = 0
+while True:
+    n += 1
+    bad = [name for name, d in digests().items() if d != want[name]]
+    with open(out, "a") as f:
+        f.write("%s %d %s\n" % (role, n, "bad " + ",".join(bad) if bad else "ok"))
+    time.sleep(0.1)

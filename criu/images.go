@@ -1,0 +1,187 @@
+package criu
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
+	"google.golang.org/protobuf/proto"
+)
+
+// CRIU's image files (images/*.img) begin with two 32-bit magics, the
+// common one and the image's own, followed by entries, each a 32-bit
+// little-endian length and a protobuf message. A pagemap image's first
+// entry is a pagemap_head, every other a pagemap_entry.
+const (
+	magicCommon  = 0x54564319
+	magicPagemap = 0x56084025
+	magicMM      = 0x57492820
+	magicPstree  = 0x50273030
+)
+
+// Flags of a pagemap entry (criu/include/pagemap.h).
+const (
+	PageInParent = 1 << 0 // the pages are in a parent (incremental) image
+	PageLazy     = 1 << 1 // the pages may be restored lazily
+	PagePresent  = 1 << 2 // the pages are in this checkpoint's pages image
+)
+
+// Bits of a VMA's status (criu/include/image.h).
+const (
+	VMARegular     = 1 << 0
+	VMAStack       = 1 << 1
+	VMAHeap        = 1 << 5
+	VMAAnonPrivate = 1 << 9
+)
+
+// PageSize is the page size CRIU's images count in (x86-64, arm64 with
+// 4 KiB pages).
+const PageSize = 4096
+
+// PagemapEntry is one run of pages of a pagemap image.
+type PagemapEntry = pagemap.PagemapEntry
+
+// VMA is one mapping of a process as CRIU recorded it.
+type VMA = vma.VmaEntry
+
+// Present says whether the pages of e are in the pages image (rather than
+// in a parent image, or nowhere); images older than the flags field mark
+// parent pages with in_parent only.
+func Present(e *PagemapEntry) bool {
+	if e.Flags != nil {
+		return e.GetFlags()&PagePresent != 0
+	}
+	return !e.GetInParent()
+}
+
+// Pagemap is a pagemap-PID.img: which pages of a process were dumped, in
+// the order their bytes lie in pages-PagesID.img.
+type Pagemap struct {
+	PagesID uint32
+	Entries []*PagemapEntry
+}
+
+// ReadPagemap reads a pagemap image.
+func ReadPagemap(path string) (*Pagemap, error) {
+	var pm *Pagemap
+	err := readImage(path, magicPagemap, func(i int, payload []byte) error {
+		if i == 0 {
+			var head pagemap.PagemapHead
+			if err := proto.Unmarshal(payload, &head); err != nil {
+				return err
+			}
+			pm = &Pagemap{PagesID: head.GetPagesId()}
+			return nil
+		}
+		e := &pagemap.PagemapEntry{}
+		if err := proto.Unmarshal(payload, e); err != nil {
+			return err
+		}
+		pm.Entries = append(pm.Entries, e)
+		return nil
+	})
+	if err == nil && pm == nil {
+		err = fmt.Errorf("%s: no pagemap head", path)
+	}
+	return pm, err
+}
+
+// WritePagemap writes pm as a pagemap image at path, replacing what is
+// there.
+func WritePagemap(path string, pm *Pagemap) error {
+	msgs := []proto.Message{&pagemap.PagemapHead{PagesId: proto.Uint32(pm.PagesID)}}
+	for _, e := range pm.Entries {
+		msgs = append(msgs, e)
+	}
+	return writeImage(path, magicPagemap, msgs)
+}
+
+// ReadVMAs reads the mappings of a process from its mm-PID.img.
+func ReadVMAs(path string) ([]*VMA, error) {
+	var vmas []*VMA
+	err := readImage(path, magicMM, func(_ int, payload []byte) error {
+		var e mm.MmEntry
+		if err := proto.Unmarshal(payload, &e); err != nil {
+			return err
+		}
+		vmas = append(vmas, e.GetVmas()...)
+		return nil
+	})
+	return vmas, err
+}
+
+// ReadPstree reads the PIDs of a dumped tree from pstree.img, parents
+// before their children.
+func ReadPstree(path string) ([]int, error) {
+	var pids []int
+	err := readImage(path, magicPstree, func(_ int, payload []byte) error {
+		var e pstree.PstreeEntry
+		if err := proto.Unmarshal(payload, &e); err != nil {
+			return err
+		}
+		pids = append(pids, int(e.GetPid()))
+		return nil
+	})
+	return pids, err
+}
+
+// maxImageEntry bounds one entry of an image read here: an mm image of a
+// process with many mappings is the largest, at some hundred bytes per
+// mapping.
+const maxImageEntry = 256 << 20
+
+func readImage(path string, magic uint32, fn func(i int, payload []byte) error) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	r := bufio.NewReaderSize(f, 1<<16)
+	var head [8]byte
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if got, want := [2]uint32{binary.LittleEndian.Uint32(head[:4]), binary.LittleEndian.Uint32(head[4:])}, [2]uint32{magicCommon, magic}; got != want {
+		return fmt.Errorf("%s: magic %#x/%#x, want %#x/%#x", path, got[0], got[1], want[0], want[1])
+	}
+	for i := 0; ; i++ {
+		var size [4]byte
+		if _, err := io.ReadFull(r, size[:]); errors.Is(err, io.EOF) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("%s: entry %d: %w", path, i, err)
+		}
+		n := binary.LittleEndian.Uint32(size[:])
+		if n > maxImageEntry {
+			return fmt.Errorf("%s: entry %d claims %d bytes", path, i, n)
+		}
+		payload := make([]byte, n)
+		if _, err := io.ReadFull(r, payload); err != nil {
+			return fmt.Errorf("%s: entry %d: %w", path, i, err)
+		}
+		if err := fn(i, payload); err != nil {
+			return fmt.Errorf("%s: entry %d: %w", path, i, err)
+		}
+	}
+}
+
+func writeImage(path string, magic uint32, msgs []proto.Message) error {
+	out := binary.LittleEndian.AppendUint32(nil, magicCommon)
+	out = binary.LittleEndian.AppendUint32(out, magic)
+	for _, m := range msgs {
+		payload, err := proto.Marshal(m)
+		if err != nil {
+			return err
+		}
+		out = binary.LittleEndian.AppendUint32(out, uint32(len(payload)))
+		out = append(out, payload...)
+	}
+	return os.WriteFile(path, out, 0o600)
+}
