@@ -117,6 +117,31 @@ func ReadVMAs(path string) ([]*VMA, error) {
 	return vmas, err
 }
 
+// WriteVMAs writes an mm image holding only the mappings vmas (tests
+// build images with it).
+func WriteVMAs(path string, vmas []*VMA) error {
+	var zero uint64
+	e := &mm.MmEntry{Vmas: vmas, MmStartCode: &zero, MmEndCode: &zero, MmStartData: &zero, MmEndData: &zero,
+		MmStartStack: &zero, MmStartBrk: &zero, MmBrk: &zero, MmArgStart: &zero, MmArgEnd: &zero, MmEnvStart: &zero, MmEnvEnd: &zero, ExeFileId: new(uint32)}
+	return writeImage(path, magicMM, []proto.Message{e})
+}
+
+// WritePstree writes a pstree image of the processes pids, each its own
+// session and group leader, the first the parent of the others (tests
+// build images with it).
+func WritePstree(path string, pids []int) error {
+	var msgs []proto.Message
+	for i, pid := range pids {
+		ppid := uint32(0)
+		if i > 0 {
+			ppid = uint32(pids[0])
+		}
+		p := uint32(pid)
+		msgs = append(msgs, &pstree.PstreeEntry{Pid: &p, Ppid: &ppid, Pgid: &p, Sid: &p, Threads: []uint32{p}})
+	}
+	return writeImage(path, magicPstree, msgs)
+}
+
 // ReadPstree reads the PIDs of a dumped tree from pstree.img, parents
 // before their children.
 func ReadPstree(path string) ([]int, error) {

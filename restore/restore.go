@@ -29,6 +29,7 @@ import (
 	"github.com/stasis-ckpt/stasis/cuda"
 	"github.com/stasis-ckpt/stasis/fileset"
 	"github.com/stasis-ckpt/stasis/gdswriter"
+	"golang.org/x/sys/unix"
 )
 
 // ErrPIDInUse is returned when a PID the tree must get back is taken.
@@ -247,6 +248,13 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 			return nil, err
 		}
 		defer plan.close()
+		// The scratch directory was sized for the small images; the
+		// pages left to CRIU (changed pages of file mappings, read-only
+		// memory) are few in a training job, but need not be.
+		var st unix.Statfs_t
+		if err := unix.Statfs(images, &st); err == nil && int64(st.Bavail)*int64(st.Bsize) < plan.KeepBytes {
+			return nil, fmt.Errorf("the %d bytes of memory CRIU restores itself do not fit in %s (%d bytes free): restore with --pages stream", plan.KeepBytes, scratch.Dir, int64(st.Bavail)*int64(st.Bsize))
+		}
 		if err := plan.writeKept(ctx, s, m, o.Read); err != nil {
 			return nil, err
 		}
