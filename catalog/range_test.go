@@ -86,3 +86,53 @@ func TestStreamRangeAndEachChunkOf(t *testing.T) {
 		t.Fatalf("a range of good chunks: %v", err)
 	}
 }
+
+// TestEachExtent reassembles extents of a data file of 64 KiB chunks, given
+// out of order: inside one chunk, across chunk boundaries, up to the end,
+// and empty; an extent past the end is refused.
+func TestEachExtent(t *testing.T) {
+	s := mustStore(t)
+	data := testData(300<<10+123, 9) // 5 chunks, the last short
+	rec, err := commitData(s, KindFiles, "j", 1, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.ReadManifest(rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	extents := []Extent{{0, 200 << 10, 50 << 10}, {0, 10, 100}, {0, 60 << 10, 70 << 10}, {0, 250 << 10, int64(len(data)) - 250<<10}, {0, 1000, 0}}
+	got := make([][]byte, len(extents))
+	for k, x := range extents {
+		got[k] = make([]byte, x.Size)
+	}
+	var mu sync.Mutex
+	calls := 0
+	err = s.EachExtent(context.Background(), m, extents, ReadOptions{Workers: 3}, func(k int, at int64, b []byte) error {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+		if copy(got[k][at:], b) != len(b) {
+			t.Errorf("extent %d: a part of %d bytes at %d runs past its end", k, len(b), at)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, x := range extents {
+		if !bytes.Equal(got[k], data[x.Offset:x.Offset+x.Size]) {
+			t.Errorf("extent %d (%d+%d) holds other bytes", k, x.Offset, x.Size)
+		}
+	}
+	// One call per chunk an extent touches: 1 + 1 + 3 + 2, and the empty one none.
+	if calls != 7 {
+		t.Errorf("%d calls, want 7", calls)
+	}
+	if err := s.EachExtent(context.Background(), m, []Extent{{0, int64(len(data)) - 5, 6}}, ReadOptions{}, func(int, int64, []byte) error { return nil }); !errors.Is(err, ErrBadManifest) {
+		t.Errorf("an extent past the end: %v", err)
+	}
+	if err := s.EachExtent(context.Background(), m, []Extent{{1, 0, 1}}, ReadOptions{}, func(int, int64, []byte) error { return nil }); !errors.Is(err, ErrBadManifest) {
+		t.Errorf("an extent of a data file that does not exist: %v", err)
+	}
+}

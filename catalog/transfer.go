@@ -2,7 +2,6 @@ package catalog
 
 import (
 	"archive/tar"
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -449,7 +448,7 @@ func expectEnd(r *countingReader) error {
 	pad := (tarBlock - r.n%tarBlock) % tarBlock
 	end := make([]byte, pad+endOfArchive)
 	n, err := io.ReadFull(r, end)
-	if !allZeros(end[:n]) {
+	if !AllZero(end[:n]) {
 		return badStream("more follows the last data file; an export ends there")
 	}
 	if err != nil {
@@ -458,7 +457,7 @@ func expectEnd(r *countingReader) error {
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := r.Read(buf)
-		if !allZeros(buf[:n]) {
+		if !AllZero(buf[:n]) {
 			return badStream("data follows the end-of-archive marker")
 		}
 		if errors.Is(err, io.EOF) {
@@ -468,8 +467,4 @@ func expectEnd(r *countingReader) error {
 			return fmt.Errorf("read the import stream: %w", err)
 		}
 	}
-}
-
-func allZeros(b []byte) bool {
-	return len(bytes.TrimLeft(b, "\x00")) == 0
 }

@@ -1,11 +1,13 @@
 package catalog
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 
 	"github.com/stasis-ckpt/stasis/gdswriter"
 )
@@ -122,6 +124,84 @@ func (s *Store) EachChunkOf(ctx context.Context, m *Manifest, f DataFile, indexe
 	}
 	return err
 }
+
+// Extent is the range [Offset, Offset+Size) of data file File's decoded
+// stream.
+type Extent struct {
+	File         int
+	Offset, Size int64
+}
+
+// EachExtent reads, verifies and decodes only the chunks that hold the
+// extents (several at once, like EachChunkOf) and calls fn for every part
+// of an extent a chunk holds: the extent's index in extents, where the
+// part begins within the extent, and its bytes. fn runs on several
+// goroutines at once, in no order. Extents of one data file must not
+// overlap; empty ones are passed over.
+func (s *Store) EachExtent(ctx context.Context, m *Manifest, extents []Extent, o ReadOptions, fn func(k int, at int64, b []byte) error) error {
+	byFile := map[int][]int{}
+	for k, x := range extents {
+		if x.File < 0 || x.File >= len(m.Files) || x.Offset < 0 || x.Size < 0 || x.Offset+x.Size > m.Files[x.File].RawSize {
+			return fmt.Errorf("%w: extent %d+%d of data file %d is outside the checkpoint's data", ErrBadManifest, x.Offset, x.Size, x.File)
+		}
+		if x.Size > 0 {
+			byFile[x.File] = append(byFile[x.File], k)
+		}
+	}
+	for fi, df := range m.Files {
+		of := byFile[fi]
+		if len(of) == 0 {
+			continue
+		}
+		sort.Slice(of, func(i, j int) bool { return extents[of[i]].Offset < extents[of[j]].Offset })
+		var needed []int
+		covered := 0
+		for _, k := range of {
+			x := extents[k]
+			first, last := int(x.Offset/df.ChunkSize), int((x.Offset+x.Size-1)/df.ChunkSize)
+			for i := max(first, covered); i <= last; i++ {
+				needed = append(needed, i)
+			}
+			covered = max(covered, last+1)
+		}
+		if len(needed) == len(df.Chunks) {
+			needed = nil
+		}
+		err := s.EachChunkOf(ctx, m, df, needed, o, func(i int, raw []byte) error {
+			start := int64(i) * df.ChunkSize
+			end := start + int64(len(raw))
+			// The first extent that ends after this chunk starts.
+			j := sort.Search(len(of), func(j int) bool { x := extents[of[j]]; return x.Offset+x.Size > start })
+			for ; j < len(of) && extents[of[j]].Offset < end; j++ {
+				x := extents[of[j]]
+				lo, hi := max(x.Offset, start), min(x.Offset+x.Size, end)
+				if err := fn(of[j], lo-x.Offset, raw[lo-start:hi-start]); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AllZero says whether b holds nothing but zeros, comparing a block at a
+// time (bytes.Equal is vectorised).
+func AllZero(b []byte) bool {
+	for len(b) > 0 {
+		n := min(len(b), len(zeroBlock))
+		if !bytes.Equal(b[:n], zeroBlock[:n]) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
+}
+
+var zeroBlock [4096]byte
 
 // ReadFileInto reads the whole decoded stream of data file f into dst
 // (exactly f.RawSize bytes), verifying every chunk, with chunks read and

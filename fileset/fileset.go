@@ -6,7 +6,6 @@
 package fileset
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -400,38 +399,22 @@ func writeFiles(ctx context.Context, s *catalog.Store, m *catalog.Manifest, file
 				return fmt.Errorf("%w: entries %s and %s overlap in data file %s", catalog.ErrBadManifest, entries[i-1].Path, entries[i].Path, df.Name)
 			}
 		}
-		// Only the chunks that hold the entries (a restore unpacks a
-		// few small images of a file that holds the memory images too).
-		var needed []int
-		covered := 0
-		for _, e := range entries {
-			first, last := int(e.Offset/df.ChunkSize), int((e.Offset+e.Size-1)/df.ChunkSize)
-			for i := max(first, covered); i <= last; i++ {
-				needed = append(needed, i)
-			}
-			covered = max(covered, last+1)
+		// Only the chunks that hold the entries are read (a restore
+		// unpacks a few small images of a file that holds the memory
+		// images too).
+		extents := make([]catalog.Extent, len(entries))
+		for k, e := range entries {
+			extents[k] = catalog.Extent{File: e.File, Offset: e.Offset, Size: e.Size}
 		}
-		if len(needed) == len(df.Chunks) {
-			needed = nil
-		}
-		err := s.EachChunkOf(ctx, m, df, needed, o.Read, func(i int, raw []byte) error {
-			start := int64(i) * df.ChunkSize
-			end := start + int64(len(raw))
-			// The first entry that ends after this chunk starts.
-			k := sort.Search(len(entries), func(k int) bool { return entries[k].Offset+entries[k].Size > start })
-			for ; k < len(entries) && entries[k].Offset < end; k++ {
-				e := entries[k]
-				lo, hi := max(e.Offset, start), min(e.Offset+e.Size, end)
-				b, off := raw[lo-start:hi-start], lo-e.Offset
-				if m, ok := mapped[local(e)]; ok {
-					if !allZero(b) {
-						copy(m[off:], b)
-					}
-				} else if err := writeRange(local(e), b, off); err != nil {
-					return err
+		err := s.EachExtent(ctx, m, extents, o.Read, func(k int, off int64, b []byte) error {
+			e := entries[k]
+			if m, ok := mapped[local(e)]; ok {
+				if !catalog.AllZero(b) {
+					copy(m[off:], b)
 				}
+				return nil
 			}
-			return nil
+			return writeRange(local(e), b, off)
 		})
 		if err != nil {
 			return err
@@ -446,7 +429,7 @@ const mapThreshold = 16 << 20
 // writeRange writes b at off in the file at path, skipping it when it is
 // all zeros (the file was created at its size, so it reads as zeros there).
 func writeRange(path string, b []byte, off int64) error {
-	if allZero(b) {
+	if catalog.AllZero(b) {
 		return nil
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
@@ -458,19 +441,4 @@ func writeRange(path string, b []byte, off int64) error {
 		err = cerr
 	}
 	return err
-}
-
-var zeroBlock [4096]byte
-
-// allZero compares b with zeros a block at a time (bytes.Equal is
-// vectorised).
-func allZero(b []byte) bool {
-	for len(b) > 0 {
-		n := min(len(b), len(zeroBlock))
-		if !bytes.Equal(b[:n], zeroBlock[:n]) {
-			return false
-		}
-		b = b[n:]
-	}
-	return true
 }

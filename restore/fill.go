@@ -1,7 +1,6 @@
 package restore
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -42,8 +41,7 @@ func fillable(v *criu.VMA) bool {
 // file's decoded stream, and where it goes: into process pid's memory at
 // addr (fill), or into out at outOff (the pages CRIU restores).
 type piece struct {
-	file   int
-	off, n int64
+	catalog.Extent
 	pid    int
 	addr   uint64
 	out    *os.File
@@ -133,7 +131,7 @@ func (p *fillPlan) addProcess(images string, pid int, pagesEntries map[string]ca
 				stop = min(end, vmas[i].GetStart())
 			}
 			n := int64(stop - addr)
-			pc := piece{file: e.File, off: e.Offset + inImage, n: n}
+			pc := piece{Extent: catalog.Extent{File: e.File, Offset: e.Offset + inImage, Size: n}}
 			if fill {
 				pc.pid, pc.addr = pid, addr
 				p.fill = append(p.fill, pc)
@@ -156,64 +154,24 @@ func (p *fillPlan) addProcess(images string, pid int, pagesEntries map[string]ca
 	return criu.WritePagemap(pmPath, rewritten)
 }
 
-// scatter reads, verifies and decodes the chunks the pieces lie in, on
+// eachPart reads, verifies and decodes the chunks the pieces lie in, on
 // several goroutines, and calls put for every part of a piece a chunk
-// holds (concurrently: pieces never overlap). pieces must be sorted by
-// file and offset.
-func scatter(ctx context.Context, s *catalog.Store, m *catalog.Manifest, pieces []piece, ro catalog.ReadOptions, put func(pc *piece, at int64, b []byte) error) error {
-	for start := 0; start < len(pieces); {
-		file := pieces[start].file
-		end := start
-		for end < len(pieces) && pieces[end].file == file {
-			end++
-		}
-		of := pieces[start:end]
-		df := m.Files[file]
-		var chunks []int
-		for _, pc := range of {
-			first, last := int(pc.off/df.ChunkSize), int((pc.off+pc.n-1)/df.ChunkSize)
-			if len(chunks) > 0 && chunks[len(chunks)-1] >= first {
-				first = chunks[len(chunks)-1] + 1
-			}
-			for c := first; c <= last; c++ {
-				chunks = append(chunks, c)
-			}
-		}
-		err := s.EachChunkOf(ctx, m, df, chunks, ro, func(c int, raw []byte) error {
-			lo, hi := int64(c)*df.ChunkSize, int64(c)*df.ChunkSize+int64(len(raw))
-			k := sort.Search(len(of), func(k int) bool { return of[k].off+of[k].n > lo })
-			for ; k < len(of) && of[k].off < hi; k++ {
-				pc := &of[k]
-				from, to := max(pc.off, lo), min(pc.off+pc.n, hi)
-				if err := put(pc, from-pc.off, raw[from-lo:to-lo]); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		start = end
+// holds (concurrently: pieces never overlap).
+func eachPart(ctx context.Context, s *catalog.Store, m *catalog.Manifest, pieces []piece, ro catalog.ReadOptions, put func(pc *piece, at int64, b []byte) error) error {
+	extents := make([]catalog.Extent, len(pieces))
+	for k, pc := range pieces {
+		extents[k] = pc.Extent
 	}
-	return nil
+	return s.EachExtent(ctx, m, extents, ro, func(k int, at int64, b []byte) error {
+		return put(&pieces[k], at, b)
+	})
 }
 
 // writeKept writes the pages left to CRIU into the rewritten pages images.
 func (p *fillPlan) writeKept(ctx context.Context, s *catalog.Store, m *catalog.Manifest, ro catalog.ReadOptions) error {
-	sortPieces(p.keep)
-	return scatter(ctx, s, m, p.keep, ro, func(pc *piece, at int64, b []byte) error {
+	return eachPart(ctx, s, m, p.keep, ro, func(pc *piece, at int64, b []byte) error {
 		_, err := pc.out.WriteAt(b, pc.outOff+at)
 		return err
-	})
-}
-
-func sortPieces(ps []piece) {
-	sort.Slice(ps, func(i, j int) bool {
-		if ps[i].file != ps[j].file {
-			return ps[i].file < ps[j].file
-		}
-		return ps[i].off < ps[j].off
 	})
 }
 
@@ -222,14 +180,11 @@ type fillStats struct {
 	Written, Zero int64
 }
 
-var zeroPage [criu.PageSize]byte
-
-// fill writes the fillable pages into the restored tree: hostPID gives the
+// writeFilled writes the fillable pages into the restored tree: hostPID gives the
 // PID, as this process sees it, of the tree's process pid (the images'
 // PID). Pages that are all zeros are skipped: CRIU mapped that memory
 // fresh.
 func (p *fillPlan) writeFilled(ctx context.Context, s *catalog.Store, m *catalog.Manifest, ro catalog.ReadOptions, hostPID func(pid int) (int, error)) (fillStats, error) {
-	sortPieces(p.fill)
 	hosts := map[int]int{}
 	for _, pc := range p.fill {
 		if _, ok := hosts[pc.pid]; ok {
@@ -242,7 +197,7 @@ func (p *fillPlan) writeFilled(ctx context.Context, s *catalog.Store, m *catalog
 		hosts[pc.pid] = h
 	}
 	var written, zero atomic.Int64
-	err := scatter(ctx, s, m, p.fill, ro, func(pc *piece, at int64, b []byte) error {
+	err := eachPart(ctx, s, m, p.fill, ro, func(pc *piece, at int64, b []byte) error {
 		w, z, err := writeMemory(hosts[pc.pid], pc.addr+uint64(at), b)
 		written.Add(w)
 		zero.Add(z)
@@ -282,7 +237,7 @@ func writeMemory(pid int, addr uint64, b []byte) (written, zero int64, err error
 		// Up to the next page boundary of the target.
 		n := min(len(b), criu.PageSize-int(addr%criu.PageSize))
 		part := b[:n]
-		if bytes.Equal(part, zeroPage[:n]) {
+		if catalog.AllZero(part) {
 			zero += int64(n)
 		} else if k := len(local); k > 0 && remote[k-1].Base+uintptr(remote[k-1].Len) == uintptr(addr) &&
 			uintptr(unsafe.Pointer(local[k-1].Base))+uintptr(local[k-1].Len) == uintptr(unsafe.Pointer(&part[0])) {

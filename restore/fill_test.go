@@ -93,14 +93,14 @@ type keepCut struct {
 
 func cutsOf(p *fillPlan) (fills []fillCut, keeps []keepCut) {
 	for _, pc := range p.fill {
-		fills = append(fills, fillCut{pc.file, pc.off, pc.n, pc.pid, pc.addr, pc.out != nil})
+		fills = append(fills, fillCut{pc.File, pc.Offset, pc.Size, pc.pid, pc.addr, pc.out != nil})
 	}
 	for _, pc := range p.keep {
 		out := ""
 		if pc.out != nil {
 			out = filepath.Base(pc.out.Name())
 		}
-		keeps = append(keeps, keepCut{pc.file, pc.off, pc.n, out, pc.outOff})
+		keeps = append(keeps, keepCut{pc.File, pc.Offset, pc.Size, out, pc.outOff})
 	}
 	return fills, keeps
 }
@@ -244,7 +244,7 @@ func TestPlanFillPieces(t *testing.T) {
 		}
 		name := filepath.Base(pc.out.Name())
 		if f, ok := outs[name]; ok && f != pc.out {
-			t.Errorf("kept piece at %d: a second %s open", pc.off, name)
+			t.Errorf("kept piece at %d: a second %s open", pc.Offset, name)
 		}
 		outs[name] = pc.out
 	}
