@@ -69,7 +69,7 @@ func (p *fillPlan) close() {
 func planFill(m *catalog.Manifest, images string) (*fillPlan, error) {
 	pagesEntries := map[string]catalog.Entry{}
 	for _, e := range m.Entries {
-		if streamedImage(e) {
+		if memoryImage(e) {
 			pagesEntries[e.Path] = e
 		}
 	}

@@ -211,10 +211,10 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 	unpackOpts := fileset.LoadOptions{Read: o.Read}
 	unpackBytes := m.Bytes
 	if mode != PagesUnpack {
-		unpackOpts.Skip = streamedImage
+		unpackOpts.Skip = memoryImage
 		unpackBytes = 0
 		for _, e := range m.Entries {
-			if e.Type == catalog.EntryFile && !streamedImage(e) {
+			if e.Type == catalog.EntryFile && !memoryImage(e) {
 				unpackBytes += e.Size
 			}
 		}
@@ -264,14 +264,14 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 	// not yet let run; init is the new PID namespace's, if any. An error
 	// makes CRIU undo the restore.
 	var fillErr error
-	postRestore := func(init int) error {
-		t := time.Now()
-		st, err := plan.writeFilled(ctx, s, m, o.Read, imagePIDs(init))
-		res.Fill, res.Filled, res.FilledZero, fillErr = time.Since(t), st.Written, st.Zero, err
-		return err
-	}
-	if plan == nil {
-		postRestore = nil
+	var postRestore func(init int) error
+	if plan != nil {
+		postRestore = func(init int) error {
+			t := time.Now()
+			st, err := plan.writeFilled(ctx, s, m, o.Read, imagePIDs(init))
+			res.Fill, res.Filled, res.FilledZero, fillErr = time.Since(t), st.Written, st.Zero, err
+			return err
+		}
 	}
 	unpacked := time.Now()
 	res.Unpack = unpacked.Sub(start)

@@ -12,11 +12,12 @@ import (
 	"github.com/stasis-ckpt/stasis/criu"
 )
 
-// streamedImage says whether entry e is served to CRIU straight from the
-// store while CRIU restores, rather than unpacked before it runs: CRIU's
-// memory images (pages-N.img), which hold almost all of a checkpoint's
-// bytes and which CRIU reads once, front to back.
-func streamedImage(e catalog.Entry) bool {
+// memoryImage says whether entry e is one of CRIU's memory images
+// (pages-N.img), which hold almost all of a checkpoint's bytes: unless
+// restored with PagesUnpack, they are not unpacked before CRIU runs, but
+// written into the tree (PagesFill, with only the pages left to CRIU
+// unpacked) or served to CRIU as it reads them (PagesStream).
+func memoryImage(e catalog.Entry) bool {
 	return e.Type == catalog.EntryFile && !strings.Contains(e.Path, "/") && checkpoint.IsPagesImage(e.Path)
 }
 
@@ -29,7 +30,7 @@ func streamedImage(e catalog.Entry) bool {
 func serveImages(ctx context.Context, s *catalog.Store, m *catalog.Manifest, images string, ro catalog.ReadOptions) (*criu.ImageServer, error) {
 	streamed := map[string]catalog.Entry{}
 	for _, e := range m.Entries {
-		if streamedImage(e) {
+		if memoryImage(e) {
 			streamed[e.Path] = e
 		}
 	}
