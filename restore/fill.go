@@ -220,17 +220,18 @@ func writeMemory(pid int, addr uint64, b []byte) (written, zero int64, err error
 	var remote []unix.RemoteIovec
 	var pending int
 	flush := func() error {
-		for len(local) > 0 {
-			n, err := unix.ProcessVMWritev(pid, local, remote, 0)
-			if err != nil {
-				return fmt.Errorf("write %d bytes at %#x: %w", pending, remote[0].Base, err)
-			}
-			if n != pending {
-				return fmt.Errorf("wrote %d of %d bytes at %#x", n, pending, remote[0].Base)
-			}
-			written += int64(n)
-			local, remote, pending = local[:0], remote[:0], 0
+		if len(local) == 0 {
+			return nil
 		}
+		n, err := unix.ProcessVMWritev(pid, local, remote, 0)
+		if err != nil {
+			return fmt.Errorf("write %d bytes at %#x: %w", pending, remote[0].Base, err)
+		}
+		if n != pending {
+			return fmt.Errorf("wrote %d of %d bytes at %#x", n, pending, remote[0].Base)
+		}
+		written += int64(n)
+		local, remote, pending = local[:0], remote[:0], 0
 		return nil
 	}
 	for len(b) > 0 {
