@@ -173,7 +173,7 @@ func (s *Store) GC() (GCReport, error) {
 		rep.TrashRemoved = append(rep.TrashRemoved, e.Name())
 	}
 
-	for _, base := range []string{s.path(scratchDir), RAMScratchBase} {
+	for _, base := range append([]string{s.path(scratchDir)}, ramBases()...) {
 		removed, n, err := gcScratch(base)
 		rep.ScratchRemoved = append(rep.ScratchRemoved, removed...)
 		rep.BytesReclaimed += n

@@ -218,7 +218,7 @@ func TestBusy(t *testing.T) {
 }
 
 // wantGC compares a GC report with what a test expects. GC also sweeps the
-// machine-wide RAM scratch base (/dev/shm), where other processes may have
+// machine-wide RAM scratch bases (/dev/shm, /run/stasis/ram), where other processes may have
 // left abandoned scratch directories: those, and their bytes, are not the
 // test's to predict.
 func wantGC(t *testing.T, got, want GCReport) {

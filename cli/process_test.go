@@ -426,7 +426,7 @@ func TestKill9DuringCheckpoint(t *testing.T) {
 		killTree(pid)
 		waitGone(t, pid)
 	}
-	if scratch, _ := filepath.Glob("/dev/shm/stasis-dump-*"); len(scratch) > 0 {
+	if scratch, _ := filepath.Glob(filepath.Join(catalog.RAMScratchBase(), "stasis-dump-*")); len(scratch) > 0 {
 		t.Errorf("gc left scratch directories: %v", scratch)
 	}
 }

@@ -33,7 +33,7 @@ func TestWorst(t *testing.T) {
 
 func TestRunOrderWithNothingInstalled(t *testing.T) {
 	cs := Run(context.Background(), hermeticOptions(t))
-	want := []string{"kernel", "criu", "libcuda", "nvidia driver", "libcufile", "tensor io path", "store", "store free space", "store o_direct"}
+	want := []string{"kernel", "criu", "libcuda", "nvidia driver", "libcufile", "tensor io path", "store", "store free space", "store o_direct", "RAM scratch"}
 	if len(cs) != len(want) {
 		t.Fatalf("got %d checks %v, want %v", len(cs), cs, want)
 	}

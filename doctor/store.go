@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/stasis-ckpt/stasis/catalog"
 	"golang.org/x/sys/unix"
 )
 
@@ -65,7 +66,27 @@ func checkStore(o Options) []Check {
 			store.Hint = "create " + dir + " with mode 0700, or set $STASIS_HOME elsewhere"
 		}
 	}
-	return []Check{store, freeSpaceCheck(existing, where), oDirectCheck(existing, where)}
+	return []Check{store, freeSpaceCheck(existing, where), oDirectCheck(existing, where), ramScratchCheck()}
+}
+
+// ramScratchCheck reports where CRIU's images go while a checkpoint is
+// taken (and a restore's, while it is unpacked), when they fit in RAM.
+func ramScratchCheck() Check {
+	dir, huge, mounted := catalog.RAMScratchPlan()
+	c := Check{Name: "RAM scratch", Status: OK, Detail: dir}
+	switch {
+	case huge && mounted:
+		c.Detail += ": tmpfs with huge pages"
+	case huge:
+		c.Detail += ": tmpfs with huge pages, mounted on first use"
+	case dir == catalog.SharedRAMBase:
+		c.Status = Warn
+		c.Detail += ": 4 KiB pages (CRIU dumps about a third slower into it than into a tmpfs with huge pages)"
+		c.Hint = "run stasis as root, which mounts " + catalog.HugeRAMBase + " with huge=always"
+	default:
+		c.Detail += " ($" + catalog.RAMScratchEnv + ")"
+	}
+	return c
 }
 
 // nearestExisting returns dir itself or the closest ancestor that exists.

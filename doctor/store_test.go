@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stasis-ckpt/stasis/catalog"
 	"golang.org/x/sys/unix"
 )
 
@@ -216,4 +217,22 @@ func checkODirectVerdict(t *testing.T, c Check, accepted bool) {
 	}
 	wantStatus(t, c, Warn)
 	wantDetail(t, c, "no O_DIRECT")
+}
+
+func TestRAMScratchNamed(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(catalog.RAMScratchEnv, dir)
+	c := ramScratchCheck()
+	wantStatus(t, c, OK)
+	wantDetail(t, c, dir+" ($"+catalog.RAMScratchEnv+")")
+	t.Setenv(catalog.RAMScratchEnv, "")
+	c = ramScratchCheck()
+	if os.Geteuid() == 0 {
+		wantStatus(t, c, OK)
+		if !strings.HasPrefix(c.Detail, catalog.HugeRAMBase+": tmpfs with huge pages") {
+			t.Errorf("as root: %q", c.Detail)
+		}
+	} else {
+		wantStatus(t, c, Warn)
+	}
 }

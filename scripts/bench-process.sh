@@ -47,6 +47,27 @@ wait_counting() { local n; n=$(wc -l <"$1" 2>/dev/null || echo 0)
 	until [ "$(wc -l <"$1" 2>/dev/null || echo 0)" -gt "$((n + 2))" ]; do sleep 0.05; done; }
 cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 
+# Writes $1 bytes of random data with O_DIRECT into $2 and fsyncs it; prints
+# the seconds it took.
+direct_write() {
+	python3 - "$1" "$2" <<'PY'
+import mmap, os, sys, time
+n, path = int(sys.argv[1]), sys.argv[2]
+block = 16 << 20
+buf = mmap.mmap(-1, block)
+buf.write(os.urandom(block))
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+t = time.monotonic()
+done = 0
+while done < n:
+    done += os.write(fd, buf)
+os.fsync(fd)
+print(f"{time.monotonic() - t:.6f}")
+os.close(fd)
+os.unlink(path)
+PY
+}
+
 best() { python3 -c 'import sys; print(min(float(x) for x in sys.argv[1:]))' "$@"; }
 
 # One side's checkpoint; sets the named result variables.
@@ -77,6 +98,7 @@ stasis_checkpoint() {
 	stored=$(echo "$json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["record"]["stored_bytes"])')
 	stasis_pause+=("$(echo "$json" | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["dump_seconds"]+j["store_seconds"])')")
 	wait_counting "$dir/count"
+	disk_floor+=("$(direct_write "$stored" "$dir/direct-write")")
 }
 by_hand_restore() {
 	kill -9 "$pid"; wait_gone "$pid"
@@ -112,7 +134,7 @@ stasis_restore() {
 mkdir -p "$dir"
 for size in "${sizes[@]}"; do
 	rm -rf "$dir/by-hand" "$STASIS_HOME" "$dir/count"
-	hand_dump=(); hand_sync=(); stasis_total=(); stasis_pause=(); hand_restore=(); stasis_restore=(); stasis_restore_stream=(); stasis_restore_vf=()
+	hand_dump=(); hand_sync=(); disk_floor=(); stasis_total=(); stasis_pause=(); hand_restore=(); stasis_restore=(); stasis_restore_stream=(); stasis_restore_vf=()
 	pid=$(sh -c "setsid python3 cli/testdata/memory.py '$dir/count' $size </dev/null >/dev/null 2>&1 & echo \$!")
 	until [ -s "$dir/count" ]; do sleep 0.1; done
 	wait_counting "$dir/count"
@@ -124,14 +146,14 @@ for size in "${sizes[@]}"; do
 		else
 			stasis_checkpoint; by_hand_checkpoint; stasis_restore; by_hand_restore
 		fi
-		echo "round $((round + 1)): by hand dump ${hand_dump[-1]} s (+ sync ${hand_sync[-1]} s), restore ${hand_restore[-1]} s; stasis checkpoint ${stasis_total[-1]} s, restore ${stasis_restore[-1]} s (--pages stream ${stasis_restore_stream[-1]} s, --verify-first ${stasis_restore_vf[-1]} s)" >&2
+		echo "round $((round + 1)): by hand dump ${hand_dump[-1]} s (+ sync ${hand_sync[-1]} s), raw O_DIRECT write of the stored bytes ${disk_floor[-1]} s, restore ${hand_restore[-1]} s; stasis checkpoint ${stasis_total[-1]} s, restore ${stasis_restore[-1]} s (--pages stream ${stasis_restore_stream[-1]} s, --verify-first ${stasis_restore_vf[-1]} s)" >&2
 	done
 	kill -9 "$pid"; wait_gone "$pid"
 
-	python3 - "$size" "$(best "${hand_dump[@]}")" "$(best "${hand_sync[@]}")" "$hand_bytes" "$(best "${stasis_total[@]}")" "$(best "${stasis_pause[@]}")" "$stored" "$(best "${hand_restore[@]}")" "$(best "${stasis_restore[@]}")" "$(best "${stasis_restore_stream[@]}")" "$(best "${stasis_restore_vf[@]}")" "$rounds" <<'PY'
+	python3 - "$size" "$(best "${hand_dump[@]}")" "$(best "${hand_sync[@]}")" "$hand_bytes" "$(best "${stasis_total[@]}")" "$(best "${stasis_pause[@]}")" "$stored" "$(best "${hand_restore[@]}")" "$(best "${stasis_restore[@]}")" "$(best "${stasis_restore_stream[@]}")" "$(best "${stasis_restore_vf[@]}")" "$rounds" "$(best "${disk_floor[@]}")" <<'PY'
 import json, sys
-size, hd, hs, hb, st, sp, sb, hr, sr, ss, svf, rounds = sys.argv[1:]
-hd, hs, st, sp, hr, sr, ss, svf = map(float, (hd, hs, st, sp, hr, sr, ss, svf))
+size, hd, hs, hb, st, sp, sb, hr, sr, ss, svf, rounds, df = sys.argv[1:]
+hd, hs, st, sp, hr, sr, ss, svf, df = map(float, (hd, hs, st, sp, hr, sr, ss, svf, df))
 hb, sb = int(hb), int(sb)
 print(json.dumps({
     "memory_mib": int(size), "rounds": int(rounds),
@@ -140,6 +162,8 @@ print(json.dumps({
     "checkpoint_vs_by_hand_dump": round(st / hd, 3),
     "checkpoint_vs_by_hand_dump_sync": round(st / (hd + hs), 3),
     "stored_vs_by_hand_image": round(sb / hb, 3),
+    "disk_floor_s": round(df, 3),
+    "disk_floor_vs_by_hand_dump": round(df / hd, 3),
     "by_hand_restore_s": round(hr, 3), "stasis_restore_s": round(sr, 3),
     "restore_vs_by_hand": round(sr / hr, 3),
     "stasis_restore_streamed_s": round(ss, 3),
