@@ -86,6 +86,10 @@ type Result struct {
 	// a job that goes on; Total is the whole checkpoint.
 	Hash, GPULock, GPUCheckpoint, Dump, Store, GPUResume, Pause, Total time.Duration
 	ImagesInRAM                                                        bool
+	// Backlog and Commit divide Store (when not Fast): storing what
+	// was left of the memory images when CRIU had dumped them all, then
+	// the small images, the data file's flush and the catalog's commit.
+	Backlog, Commit time.Duration
 }
 
 // Run checkpoints the process tree rooted at o.PID into s.
@@ -279,10 +283,14 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			}
 			meta.MappedFiles = hasher.Describe(frozenFiles)
 			MarkSharedWritable(meta.MappedFiles, frozenShared)
+			t := time.Now()
 			if err := finishFollowing(); err != nil {
 				return err
 			}
+			res.Backlog = time.Since(t)
+			t = time.Now()
 			rec, err := commit(pending, packer, images, work, meta)
+			res.Commit = time.Since(t)
 			if err != nil {
 				return err
 			}

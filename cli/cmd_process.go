@@ -92,7 +92,7 @@ func (e *env) checkpointCommand() *ucli.Command {
 				return errors.Join(printJSON(e.stdout, map[string]any{
 					"record": rec, "hash_seconds": res.Hash.Seconds(), "gpu_lock_seconds": res.GPULock.Seconds(), "gpu_checkpoint_seconds": res.GPUCheckpoint.Seconds(),
 					"dump_seconds": res.Dump.Seconds(), "store_seconds": res.Store.Seconds(), "gpu_resume_seconds": res.GPUResume.Seconds(),
-					"pause_seconds": res.Pause.Seconds(),
+					"pause_seconds": res.Pause.Seconds(), "store_backlog_seconds": res.Backlog.Seconds(), "commit_seconds": res.Commit.Seconds(),
 					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM,
 				}), hookErr)
 			}
