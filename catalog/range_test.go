@@ -13,13 +13,11 @@ import (
 	"github.com/stasis-ckpt/stasis/gdswriter"
 )
 
-// TestStreamRangeAndEachChunkOf reads parts of a data file of 64 KiB
-// chunks: ranges inside one chunk, across chunk boundaries, at the ends,
-// empty and out of bounds; then chunks by index; then both over a
-// corrupted chunk, whose error must give its index in the whole file.
-func TestStreamRangeAndEachChunkOf(t *testing.T) {
-	s := mustStore(t)
-	data := testData(300<<10+123, 7) // 5 chunks, the last short
+// commitFiveChunks commits a files checkpoint of one data file of 64 KiB
+// chunks, five of them, the last short, holding testData of seed.
+func commitFiveChunks(t *testing.T, s *Store, seed uint64) ([]byte, *Record, *Manifest) {
+	t.Helper()
+	data := testData(300<<10+123, seed)
 	rec, err := commitData(s, KindFiles, "j", 1, data)
 	if err != nil {
 		t.Fatal(err)
@@ -28,6 +26,16 @@ func TestStreamRangeAndEachChunkOf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return data, rec, m
+}
+
+// TestStreamRangeAndEachChunkOf reads parts of a data file of 64 KiB
+// chunks: ranges inside one chunk, across chunk boundaries, at the ends,
+// empty and out of bounds; then chunks by index; then both over a
+// corrupted chunk, whose error must give its index in the whole file.
+func TestStreamRangeAndEachChunkOf(t *testing.T) {
+	s := mustStore(t)
+	data, rec, m := commitFiveChunks(t, s, 7)
 	f := m.Files[0]
 	ctx := context.Background()
 	for _, r := range [][2]int64{{0, 10}, {100, 64 << 10}, {64 << 10, 64 << 10}, {1, int64(len(data)) - 1}, {int64(len(data)) - 5, 5}, {0, int64(len(data))}, {70000, 0}} {
@@ -51,7 +59,7 @@ func TestStreamRangeAndEachChunkOf(t *testing.T) {
 
 	var mu sync.Mutex
 	var seen []int
-	err = s.EachChunkOf(ctx, m, f, []int{4, 1}, ReadOptions{Workers: 2}, func(i int, raw []byte) error {
+	err := s.EachChunkOf(ctx, m, f, []int{4, 1}, ReadOptions{Workers: 2}, func(i int, raw []byte) error {
 		mu.Lock()
 		seen = append(seen, i)
 		mu.Unlock()
@@ -92,15 +100,7 @@ func TestStreamRangeAndEachChunkOf(t *testing.T) {
 // and empty; an extent past the end is refused.
 func TestEachExtent(t *testing.T) {
 	s := mustStore(t)
-	data := testData(300<<10+123, 9) // 5 chunks, the last short
-	rec, err := commitData(s, KindFiles, "j", 1, data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := s.ReadManifest(rec.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data, _, m := commitFiveChunks(t, s, 9)
 	extents := []Extent{{0, 200 << 10, 50 << 10}, {0, 10, 100}, {0, 60 << 10, 70 << 10}, {0, 250 << 10, int64(len(data)) - 250<<10}, {0, 1000, 0}}
 	got := make([][]byte, len(extents))
 	for k, x := range extents {
@@ -108,7 +108,7 @@ func TestEachExtent(t *testing.T) {
 	}
 	var mu sync.Mutex
 	calls := 0
-	err = s.EachExtent(context.Background(), m, extents, ReadOptions{Workers: 3}, func(k int, at int64, b []byte) error {
+	err := s.EachExtent(context.Background(), m, extents, ReadOptions{Workers: 3}, func(k int, at int64, b []byte) error {
 		mu.Lock()
 		calls++
 		mu.Unlock()
