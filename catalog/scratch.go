@@ -33,22 +33,19 @@ const RAMScratchEnv = "STASIS_RAM_SCRATCH"
 func RAMScratchBase() string { return ramScratchBase() }
 
 var ramScratchBase = sync.OnceValue(func() string {
-	if dir := os.Getenv(RAMScratchEnv); dir != "" {
-		return dir
+	dir, huge, mounted := RAMScratchPlan()
+	if huge && !mounted {
+		if err := mountHugeRAM(dir); err != nil {
+			return SharedRAMBase
+		}
 	}
-	if err := mountHugeRAM(HugeRAMBase); err != nil {
-		return SharedRAMBase
-	}
-	return HugeRAMBase
+	return dir
 })
 
 // mountHugeRAM makes dir a tmpfs with huge=always, unless it is one
 // already; a lock beside it keeps two processes from mounting it twice
 // (the second mount would hide the first one's files).
 func mountHugeRAM(dir string) error {
-	if os.Geteuid() != 0 {
-		return errors.New("not root")
-	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -69,20 +66,18 @@ func mountHugeRAM(dir string) error {
 }
 
 // RAMScratchPlan says, without mounting anything, where RAM scratch
-// directories will go (RAMScratchBase) and whether that tmpfs has huge
-// pages: mounted says HugeRAMBase is mounted already (else stasis mounts
-// it on first use, as root).
+// directories go: $STASIS_RAM_SCRATCH if set; else, run as root,
+// HugeRAMBase (huge), which mounted says is mounted already (else
+// RAMScratchBase mounts it on first use, and falls back to SharedRAMBase
+// if that fails); else SharedRAMBase.
 func RAMScratchPlan() (dir string, huge, mounted bool) {
 	if dir := os.Getenv(RAMScratchEnv); dir != "" {
-		return dir, false, isMountPoint(dir)
+		return dir, false, false
 	}
-	if isMountPoint(HugeRAMBase) {
-		return HugeRAMBase, true, true
+	if os.Geteuid() != 0 {
+		return SharedRAMBase, false, false
 	}
-	if os.Geteuid() == 0 {
-		return HugeRAMBase, true, false
-	}
-	return SharedRAMBase, false, true
+	return HugeRAMBase, true, isMountPoint(HugeRAMBase)
 }
 
 // isMountPoint says whether dir is a tmpfs on a device of its own (a
