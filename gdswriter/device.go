@@ -90,6 +90,7 @@ func (w *Writer) FillDevice(n int64, base uintptr, fill func(dst []byte, off int
 func (w *Writer) writeDeviceChunk(job writeJob) error {
 	n := job.device.Len
 	off := w.fileEnd.Add(n) - n
+	w.file.reserve(off + n)
 	crc, err := w.dev.WriteAt(*job.device, off)
 	if err != nil {
 		return fmt.Errorf("write %s: chunk %d: %w", w.path, job.index, err)

@@ -17,6 +17,10 @@ type directFile struct {
 
 	mu     sync.RWMutex
 	direct bool
+
+	allocMu   sync.Mutex
+	allocated int64 // bytes of the file with blocks allocated ahead (reserve)
+	noAlloc   bool  // the file system refused to allocate ahead
 }
 
 // openDirect opens path with flag (os.O_RDONLY, or os.O_WRONLY|os.O_CREATE|
@@ -88,6 +92,50 @@ func (d *directFile) readAt(p []byte, off int64) error {
 		_, err = d.f.ReadAt(p, off)
 	}
 	return err
+}
+
+// How far ahead of the data a direct file's blocks are allocated: as far
+// as is allocated already, from minAllocAhead up to maxAllocAhead.
+const (
+	minAllocAhead = 16 << 20
+	maxAllocAhead = 256 << 20
+)
+
+// reserve makes sure the blocks of a direct file up to end are allocated
+// (fallocate), ahead of the writes. Direct writes into allocated blocks
+// below the file's size are overwrites, which ext4 and XFS run in
+// parallel; direct writes past the end extend the file, and are
+// serialized. Where the file system cannot allocate ahead (or the disk has
+// no room for a whole step), the writes go on as extending ones.
+func (d *directFile) reserve(end int64) {
+	if !d.Direct() {
+		return
+	}
+	d.allocMu.Lock()
+	defer d.allocMu.Unlock()
+	if d.noAlloc || end <= d.allocated {
+		return
+	}
+	next := max(end, d.allocated+min(max(d.allocated, minAllocAhead), maxAllocAhead))
+	if err := unix.Fallocate(int(d.f.Fd()), 0, d.allocated, next-d.allocated); err != nil {
+		d.noAlloc = true
+		return
+	}
+	d.allocated = next
+}
+
+// trim cuts what reserve allocated beyond size, the data's end.
+func (d *directFile) trim(size int64) error {
+	d.allocMu.Lock()
+	defer d.allocMu.Unlock()
+	if d.allocated <= size {
+		return nil
+	}
+	if err := d.f.Truncate(size); err != nil {
+		return err
+	}
+	d.allocated = size
+	return nil
 }
 
 func (d *directFile) sync() error  { return d.f.Sync() }

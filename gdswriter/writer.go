@@ -341,6 +341,7 @@ func (w *Writer) writeChunk(enc *Encoder, out *alignedBuffer, job writeJob) erro
 		crc = crc32.Checksum(extent, castagnoli)
 	}
 	off := w.fileEnd.Add(int64(len(extent))) - int64(len(extent))
+	w.file.reserve(off + int64(len(extent)))
 	if err := w.file.writeAt(extent, off); err != nil {
 		var pathErr *fs.PathError
 		if errors.As(err, &pathErr) {
@@ -390,6 +391,10 @@ func (w *Writer) Close() (Result, error) {
 	if err := w.failure(); err != nil {
 		w.file.close()
 		return Result{}, err
+	}
+	if err := w.file.trim(w.fileEnd.Load()); err != nil {
+		w.file.close()
+		return Result{}, fmt.Errorf("truncate %s: %w", w.path, err)
 	}
 	if err := w.file.sync(); err != nil {
 		w.file.close()

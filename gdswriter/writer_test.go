@@ -318,6 +318,57 @@ func TestDirectOnDisk(t *testing.T) {
 	r2.Close()
 }
 
+// TestDirectAllocatesAhead: on a disk file system, a direct file's blocks
+// are allocated ahead of the writes (so that they overwrite, in
+// parallel), and what was allocated beyond the data is cut at Close.
+func TestDirectAllocatesAhead(t *testing.T) {
+	dir := t.TempDir()
+	switch fsMagic(t, dir) {
+	case unix.EXT4_SUPER_MAGIC, unix.XFS_SUPER_MAGIC:
+	default:
+		t.Skipf("%s is not on ext4 or xfs (statfs magic %#x)", dir, fsMagic(t, dir))
+	}
+	path := filepath.Join(dir, "data")
+	var written atomic.Int64
+	w, err := Create(context.Background(), path, WriterOptions{ChunkSize: wtChunk, Workers: 2, Progress: func(n int64) { written.Add(n) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := wtData(3*wtChunk+777, 9)
+	if _, err := w.Write(data[:2*wtChunk]); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); written.Load() < 2*wtChunk; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first chunks were not written")
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size < minAllocAhead || st.Blocks*512 < minAllocAhead {
+		t.Errorf("while writing: size %d, %d bytes allocated; want at least %d allocated ahead", st.Size, st.Blocks*512, minAllocAhead)
+	}
+	if _, err := w.Write(data[2*wtChunk:]); err != nil {
+		t.Fatal(err)
+	}
+	res, err := w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != res.Size || st.Blocks*512 >= minAllocAhead {
+		t.Errorf("after Close: size %d (data %d), %d bytes allocated", st.Size, res.Size, st.Blocks*512)
+	}
+	got, err := wtRead(t, path, res.Chunks, 2)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Errorf("read back %d bytes (%v), want the %d written", len(got), err, len(data))
+	}
+}
+
 func TestTmpfsFallback(t *testing.T) {
 	const shm = "/dev/shm"
 	if _, err := os.Stat(shm); err != nil {
