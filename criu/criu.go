@@ -156,11 +156,15 @@ type Options struct {
 	// images are those of a tree with no namespace. PIDs given to CRIU
 	// are then that namespace's.
 	NamespacesOf int `json:"-"`
-	// Stream (restore only) has CRIU read the images from an
-	// ImageServer listening in the images directory instead of from
-	// files: `criu restore --stream`. CRIU offers streaming only on its
-	// command line (its RPC service refuses it), so such a restore runs
-	// `criu restore` rather than `criu swrk`, and takes no hooks.
+	// Stream has CRIU hand the images of a dump to an ImageCapture, or
+	// read those of a restore from an ImageServer, listening in the
+	// images directory, instead of using files: `criu dump --stream`,
+	// `criu restore --stream`. CRIU offers streaming only on its command
+	// line (its RPC service refuses it), so these run `criu dump` and
+	// `criu restore` rather than `criu swrk`: a streamed dump runs its
+	// hooks through CRIU's action script (RunActionHook), a streamed
+	// restore takes none. Neither runs inside other namespaces
+	// (NamespacesOf).
 	Stream bool `json:"stream,omitempty"`
 }
 
@@ -284,10 +288,14 @@ func MakeDirs(root string) (images, work string, err error) {
 }
 
 // Dump dumps the tree rooted at pid (as o.NamespacesOf's PID namespace
-// sees it, when set) into imagesDir, calling hooks at CRIU's notify points. CRIU's log goes to workDir/dump.log: it is still being
-// written while PostDump runs, when the images are complete. Both
-// directories must exist.
+// sees it, when set) into imagesDir (or, with o.Stream, the ImageCapture
+// listening there), calling hooks at CRIU's notify points. CRIU's log goes
+// to workDir/dump.log: it is still being written while PostDump runs, when
+// the images are complete. Both directories must exist.
 func Dump(o Options, pid int, imagesDir, workDir string, hooks Hooks) error {
+	if o.Stream {
+		return dumpStreamed(o, pid, imagesDir, workDir, hooks)
+	}
 	return run("dump", o, imagesDir, workDir, DumpLog, hooks, func(c *gocriu.Criu, opts *rpc.CriuOpts, n gocriu.Notify) error {
 		opts.Pid = proto.Int32(int32(pid))
 		return c.Dump(opts, n)

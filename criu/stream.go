@@ -296,36 +296,14 @@ func restoreStreamed(o Options, imagesDir, workDir string) (int, error) {
 	args := []string{"restore", "--stream", "--images-dir", imagesDir, "--work-dir", workDir,
 		"--log-file", RestoreLog, fmt.Sprintf("-v%d", o.logLevel()),
 		"--restore-detached", "--restore-sibling", "--pidfile", pidFile}
-	for _, flag := range []struct {
-		on   bool
-		name string
-	}{{o.ShellJob, "--shell-job"}, {o.TCPEstablished, "--tcp-established"}, {o.ExtUnixSockets, "--ext-unix-sk"}, {o.FileLocks, "--file-locks"}} {
-		if flag.on {
-			args = append(args, flag.name)
-		}
-	}
-	cmd := exec.Command(path, args...)
+	args = append(args, o.commandLineFlags()...)
+	var extra []*os.File
 	for i, in := range o.InheritFDs {
-		cmd.ExtraFiles = append(cmd.ExtraFiles, in.File)
+		extra = append(extra, in.File)
 		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:%s", 3+i, in.Key))
 	}
-	cmd.Args = append([]string{path}, args...)
-	// In a process group of its own, as Launch puts swrk: a Ctrl-C sent
-	// to stasis's group must not kill CRIU halfway.
-	cmd.SysProcAttr = &unix.SysProcAttr{Setpgid: true}
-	// Its own output goes to a file, not a pipe: a pipe would keep
-	// Run waiting for as long as any process holds it.
-	out, err := os.Create(filepath.Join(workDir, "criu.out"))
-	if err != nil {
-		return 0, err
-	}
-	defer out.Close()
-	cmd.Stdout, cmd.Stderr = out, out
 	logPath := filepath.Join(workDir, RestoreLog)
-	if err := cmd.Run(); err != nil {
-		if msg, _ := os.ReadFile(out.Name()); len(strings.TrimSpace(string(msg))) > 0 {
-			err = fmt.Errorf("%w: %s", err, strings.TrimSpace(string(msg)))
-		}
+	if err := runCommandLine(path, args, extra, nil, workDir); err != nil {
 		return 0, &Error{Op: "restore", Err: err, Log: logPath, Excerpt: ErrorLines(logPath, 6)}
 	}
 	data, err := os.ReadFile(pidFile)
@@ -337,4 +315,47 @@ func restoreStreamed(o Options, imagesDir, workDir string) (int, error) {
 		return 0, &Error{Op: "restore", Err: fmt.Errorf("CRIU reported success but its pid file holds %q", data), Log: logPath}
 	}
 	return pid, nil
+}
+
+// commandLineFlags are the options both dump and restore repeat, as
+// criu's command line spells them.
+func (o Options) commandLineFlags() []string {
+	var flags []string
+	for _, flag := range []struct {
+		on   bool
+		name string
+	}{{o.ShellJob, "--shell-job"}, {o.TCPEstablished, "--tcp-established"}, {o.ExtUnixSockets, "--ext-unix-sk"}, {o.FileLocks, "--file-locks"}} {
+		if flag.on {
+			flags = append(flags, flag.name)
+		}
+	}
+	return flags
+}
+
+// runCommandLine runs criu with args, extra files as fds 3 and on, and env
+// added to this process's environment, and waits for it.
+func runCommandLine(path string, args []string, extra []*os.File, env []string, workDir string) error {
+	cmd := exec.Command(path, args...)
+	cmd.ExtraFiles = extra
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	// In a process group of its own, as Launch puts swrk: a Ctrl-C sent
+	// to stasis's group must not kill CRIU halfway.
+	cmd.SysProcAttr = &unix.SysProcAttr{Setpgid: true}
+	// Its own output goes to a file, not a pipe: a pipe would keep
+	// Run waiting for as long as any process holds it.
+	out, err := os.Create(filepath.Join(workDir, "criu.out"))
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Run(); err != nil {
+		if msg, _ := os.ReadFile(out.Name()); len(strings.TrimSpace(string(msg))) > 0 {
+			err = fmt.Errorf("%w: %s", err, strings.TrimSpace(string(msg)))
+		}
+		return err
+	}
+	return nil
 }

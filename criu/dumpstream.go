@@ -1,0 +1,172 @@
+package criu
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// hookEnv names, in the environment of a command-line CRIU, the socket its
+// action script (this binary: RunActionHook) reaches stasis's hooks
+// through.
+const hookEnv = "STASIS_CRIU_HOOK"
+
+// hookSocket is the hook server's socket, in the work directory.
+const hookSocket = "hooks.sock"
+
+// dumpStreamed runs `criu dump --stream`: CRIU hands every image file to
+// the ImageCapture listening in imagesDir instead of writing it. CRIU's
+// service (swrk) refuses streaming, so this is the command line, and the
+// hooks run through an action script: this binary, which CRIU runs at each
+// action and which asks the hook server of this process what to answer
+// (RunActionHook). If this process dies, the script fails, and so do
+// CRIU's writes into the image pipes: CRIU resumes the tree.
+func dumpStreamed(o Options, pid int, imagesDir, workDir string, hooks Hooks) error {
+	path, _, err := Resolve(o.Path)
+	if err != nil {
+		return err
+	}
+	if o.NamespacesOf != 0 {
+		return errors.New("criu dump: a streamed dump cannot run inside another process's namespaces")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("criu dump: a streamed dump runs stasis's own binary as CRIU's action script: %w", err)
+	}
+	hs, err := serveHooks(filepath.Join(workDir, hookSocket), hooks)
+	if err != nil {
+		return err
+	}
+	defer hs.Close()
+	args := []string{"dump", "--stream", "--tree", strconv.Itoa(pid), "--images-dir", imagesDir, "--work-dir", workDir,
+		"--log-file", DumpLog, fmt.Sprintf("-v%d", o.logLevel()), "--action-script", self}
+	if o.LeaveRunning {
+		args = append(args, "--leave-running")
+	}
+	args = append(args, o.commandLineFlags()...)
+	runErr := runCommandLine(path, args, nil, []string{hookEnv + "=" + hs.path}, workDir)
+	logPath := filepath.Join(workDir, DumpLog)
+	// A hook's own error is the cause; CRIU's error lines would only say
+	// that its action script failed.
+	if err := hs.Err(); err != nil {
+		return &Error{Op: "dump", Err: err, Log: logPath}
+	}
+	if runErr != nil {
+		return &Error{Op: "dump", Err: runErr, Log: logPath, Excerpt: ErrorLines(logPath, 6)}
+	}
+	return nil
+}
+
+// hookServer answers the action script of a command-line CRIU: one
+// connection per action, the action's name on a line, and "ok" or
+// "error: ..." on a line back.
+type hookServer struct {
+	path     string
+	listener *net.UnixListener
+	hooks    Hooks
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	err      error
+}
+
+func serveHooks(path string, hooks Hooks) (*hookServer, error) {
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("criu hooks: %w", err)
+	}
+	l.SetUnlinkOnClose(true)
+	s := &hookServer{path: path, listener: l, hooks: hooks}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return // closed
+			}
+			s.answer(c)
+		}
+	}()
+	return s, nil
+}
+
+// answer runs the hook of one action (one at a time: CRIU waits for each).
+func (s *hookServer) answer(c net.Conn) {
+	defer c.Close()
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return // the script died; CRIU sees it fail
+	}
+	var hook func() error
+	switch strings.TrimSpace(line) {
+	case "pre-dump":
+		hook = s.hooks.PreDump
+	case "post-dump":
+		hook = s.hooks.PostDump
+	}
+	if hook != nil {
+		err = hook()
+	}
+	if err != nil {
+		s.mu.Lock()
+		if s.err == nil {
+			s.err = err
+		}
+		s.mu.Unlock()
+		fmt.Fprintf(c, "error: %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+		return
+	}
+	io.WriteString(c, "ok\n")
+}
+
+// Err is the first error a hook returned.
+func (s *hookServer) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+func (s *hookServer) Close() {
+	s.listener.Close()
+	s.wg.Wait()
+}
+
+// RunActionHook is what this binary does when a command-line CRIU runs it
+// as its action script (no arguments; CRTOOLS_SCRIPT_ACTION and the hook
+// socket in the environment): it passes the action to the stasis process
+// that started CRIU and exits with 0 if that process's hook succeeded, 1
+// otherwise (which makes CRIU abort, or resume the tree after post-dump).
+// ok is false when this process was not started as an action script.
+func RunActionHook(args []string) (ok bool, code int) {
+	socket, action := os.Getenv(hookEnv), os.Getenv("CRTOOLS_SCRIPT_ACTION")
+	if socket == "" || action == "" || len(args) > 0 {
+		return false, 0
+	}
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "stasis: CRIU's %s action: %v\n", action, err)
+		return true, 1
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, action+"\n"); err != nil {
+		fmt.Fprintf(os.Stderr, "stasis: CRIU's %s action: %v\n", action, err)
+		return true, 1
+	}
+	reply, err := io.ReadAll(c)
+	if err != nil || strings.TrimSpace(string(reply)) != "ok" {
+		msg := strings.TrimSpace(string(reply))
+		if msg == "" {
+			msg = "stasis went away"
+		}
+		fmt.Fprintf(os.Stderr, "stasis: CRIU's %s action: %s\n", action, msg)
+		return true, 1
+	}
+	return true, 0
+}
