@@ -24,6 +24,7 @@ type Packer struct {
 	w       *gdswriter.Writer
 	streams map[string]catalog.Entry // files streamed by Follow, by path
 	punched map[string]bool          // files whose streamed bytes Follow freed
+	piped   []catalog.Entry          // files stored by Stream, in order
 }
 
 // NewPacker starts the data file of p.
@@ -178,17 +179,49 @@ func matching(dir string, match func(string) bool) ([]string, error) {
 	return names, nil
 }
 
+// Stream stores what r yields, to its end, as the file name of the
+// directory AddDir adds next: a file that never lands on disk, such as an
+// image CRIU hands over through a pipe. AddDir lists it with the
+// directory's files; a file of the same name there is an error. Stream
+// must not run at the same time as Follow, AddDir or another Stream.
+func (k *Packer) Stream(name string, r io.Reader) error {
+	if !catalog.ValidEntryPath(name) {
+		return fmt.Errorf("%w %s: name cannot be stored", ErrSource, name)
+	}
+	e := catalog.Entry{Path: name, Type: catalog.EntryFile, Offset: k.w.Offset(), Mode: 0o600}
+	n, err := k.w.ReadFrom(r)
+	if err != nil {
+		return err
+	}
+	mtime := time.Now().UTC()
+	e.Size, e.MTime = n, &mtime
+	k.piped = append(k.piped, e)
+	return nil
+}
+
 // AddDir adds everything below dir (not dir itself) with paths relative to
-// dir. A file Follow streamed keeps its bytes if its size has not changed
-// since; otherwise it is stored again, whole (its first bytes stay in the
-// data file as an unreferenced gap).
+// dir, and the files Stream stored. A file Follow streamed keeps its bytes
+// if its size has not changed since; otherwise it is stored again, whole
+// (its first bytes stay in the data file as an unreferenced gap).
 func (k *Packer) AddDir(dir string) error {
 	var srcs []source
 	var total int64
 	if err := walk(dir, "", &srcs, &total); err != nil {
 		return err
 	}
-	return k.addSources(srcs)
+	for _, e := range k.piped {
+		for _, src := range srcs {
+			if src.entry.Path == e.Path {
+				return fmt.Errorf("%w %s: exists both as a file and as a stream already stored", ErrSource, src.from)
+			}
+		}
+	}
+	if err := k.addSources(srcs); err != nil {
+		return err
+	}
+	k.p.Manifest.Entries = append(k.p.Manifest.Entries, k.piped...)
+	k.piped = nil
+	return nil
 }
 
 // addSources stores each source's bytes (unless Follow already streamed

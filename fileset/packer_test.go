@@ -121,6 +121,72 @@ func TestPackerFollow(t *testing.T) {
 	}
 }
 
+// TestPackerStream stores two files from readers (pipes, as CRIU hands its
+// images over) that never exist in the directory, then the directory: all
+// come back on loading. A streamed name that is also a file in the
+// directory is refused.
+func TestPackerStream(t *testing.T) {
+	s := mustStore(t)
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "core-1.img"), []byte("core"), 0o600)
+	pages1 := randBytes(5*gdswriter.DefaultChunkSize+999, 4)
+	pages2 := randBytes(1234, 5)
+
+	p, err := s.Begin(catalog.KindProcess, "stream", 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := fileset.NewPacker(context.Background(), p, gdswriter.WriterOptions{Method: gdswriter.MethodAuto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"pages-1.img": pages1, "pages-2.img": pages2} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			defer w.Close()
+			for rest := data; len(rest) > 0; {
+				n, err := w.Write(rest[:min(len(rest), 100_000)])
+				if err != nil {
+					return
+				}
+				rest = rest[n:]
+			}
+		}()
+		err = k.Stream(name, r)
+		r.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, out := commitAndUnpack(t, s, k, p, dir)
+	for name, want := range map[string][]byte{"pages-1.img": pages1, "pages-2.img": pages2, "core-1.img": []byte("core")} {
+		got, err := os.ReadFile(filepath.Join(out, name))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s: %d bytes back, want %d (%v)", name, len(got), len(want), err)
+		}
+	}
+
+	p2, err := s.Begin(catalog.KindProcess, "stream", 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Abort()
+	k2, err := fileset.NewPacker(context.Background(), p2, gdswriter.WriterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k2.Abort()
+	if err := k2.Stream("core-1.img", bytes.NewReader([]byte("other"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := k2.AddDir(dir); !errors.Is(err, fileset.ErrSource) || !strings.Contains(err.Error(), "core-1.img") {
+		t.Fatalf("AddDir with a streamed name that is also a file: %v", err)
+	}
+}
+
 // TestUnpackLeavesZerosAsHoles loads a file whose middle is zeros: the
 // bytes come back right, and the zero range takes no space.
 func TestUnpackLeavesZerosAsHoles(t *testing.T) {
