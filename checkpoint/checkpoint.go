@@ -1,11 +1,14 @@
 // Package checkpoint is the whole-process checkpoint state machine: it finds
-// the process tree, has CRIU dump it into a scratch directory (in RAM when
-// it fits), and, while the tree is still frozen, packs the images into the
-// store (compressed, checksummed, durable) and commits them. Only then does
-// CRIU kill the tree (or resume it, with LeaveRunning). If anything fails
-// before the commit, including stasis being killed, CRIU resumes the tree:
-// a failed checkpoint never leaves the job stopped or dead. A tree in a PID
-// namespace of its own is dumped by CRIU run inside that namespace.
+// the process tree and has CRIU dump it, taking its images as CRIU hands
+// them over (a streamed dump: the memory images go through pipes straight
+// into the store, the small images into a scratch directory in RAM), and,
+// while the tree is still frozen, finishes storing them (compressed,
+// checksummed, durable) and commits them. Only then does CRIU kill the
+// tree (or resume it, with LeaveRunning). If anything fails before the
+// commit, including stasis being killed, CRIU resumes the tree: a failed
+// checkpoint never leaves the job stopped or dead. A tree in a PID
+// namespace of its own is dumped by CRIU run inside that namespace, into
+// the scratch directory, which the store follows as it grows.
 package checkpoint
 
 import (
@@ -17,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/stasis-ckpt/stasis/catalog"
@@ -246,24 +250,52 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		return fail(err)
 	}
 	// Unless in fast mode, the memory images (pages-N.img, nearly all of
-	// the bytes) are streamed into the store while CRIU writes them.
-	stopFollowing := make(chan struct{})
-	followed := make(chan error, 1)
-	if o.Fast {
-		close(stopFollowing)
-		followed <- nil
-	} else {
-		// Streamed ranges of the RAM images are freed as they go.
-		go func() { followed <- packer.Follow(images, IsPagesImage, stopFollowing, true) }()
-	}
-	finishFollowing := func() error {
-		select {
-		case <-stopFollowing:
-			return nil
-		default:
+	// the bytes) go into the store while CRIU dumps them. CRIU hands them
+	// over through pipes (a streamed dump: no copy of the memory in the
+	// scratch directory), except when it dumps from inside the tree's
+	// namespaces, where it writes them into the scratch directory and
+	// the store follows the files as they grow, freeing what it took.
+	// drain waits until the memory images are all in the store; release
+	// ends the streaming once CRIU is gone.
+	drain, release := func() error { return nil }, func() error { return nil }
+	switch {
+	case o.Fast:
+	case !nested:
+		o.CRIU.Stream = true
+		var packing sync.Mutex
+		capture, err := criu.CaptureImages(images, func(name string, r io.Reader) error {
+			// One memory image at a time goes straight into the data
+			// file; the other images (and a second memory image CRIU
+			// writes at the same time, if it ever does) go to files.
+			if IsPagesImage(name) && packing.TryLock() {
+				defer packing.Unlock()
+				return packer.Stream(name, r)
+			}
+			return saveImage(filepath.Join(images, name), r)
+		})
+		if err != nil {
+			packer.Abort()
+			return fail(err)
 		}
-		close(stopFollowing)
-		return <-followed
+		drain = capture.Drain
+		release = func() error {
+			capture.Close()
+			return capture.Err()
+		}
+	default:
+		stop := make(chan struct{})
+		followed := make(chan error, 1)
+		go func() { followed <- packer.Follow(images, IsPagesImage, stop, true) }()
+		var once sync.Once
+		var followErr error
+		drain = func() error {
+			once.Do(func() {
+				close(stop)
+				followErr = <-followed
+			})
+			return followErr
+		}
+		release = drain
 	}
 
 	var imagesDone time.Time
@@ -284,7 +316,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			meta.MappedFiles = hasher.Describe(frozenFiles)
 			MarkSharedWritable(meta.MappedFiles, frozenShared)
 			t := time.Now()
-			if err := finishFollowing(); err != nil {
+			if err := drain(); err != nil {
 				return err
 			}
 			res.Backlog = time.Since(t)
@@ -301,8 +333,15 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	}
 	dumpStart := time.Now()
 	dumpErr := criu.Dump(o.CRIU, dumpPID, images, work, hooks)
-	if followErr := finishFollowing(); followErr != nil && dumpErr == nil && !committed {
-		dumpErr = followErr
+	// When storing failed (or was interrupted), CRIU failed because of it
+	// (its writes into the image pipes broke): the store's error is the
+	// cause.
+	if storeErr := release(); storeErr != nil && !committed {
+		if dumpErr == nil {
+			dumpErr = storeErr
+		} else {
+			dumpErr = fmt.Errorf("%w; then %w", storeErr, dumpErr)
+		}
 	}
 	if !committed && (dumpErr != nil || !o.Fast) {
 		packer.Abort()
@@ -384,6 +423,19 @@ func commit(p *catalog.Pending, packer *fileset.Packer, images, work string, met
 	}
 	p.Manifest.Meta = raw
 	return p.Commit()
+}
+
+// saveImage writes an image CRIU hands over to a file.
+func saveImage(path string, r io.Reader) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // IsPagesImage matches CRIU's memory images, pages-N.img.

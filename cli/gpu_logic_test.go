@@ -282,7 +282,7 @@ func testGPUDumpFailureRollsBack(t *testing.T, _ gpuBackend, f *fakeDriver) {
 	pid := f.start(t, out)
 	real := os.Getenv("STASIS_CRIU")
 	broken := filepath.Join(tmp, "criu")
-	script := fmt.Sprintf("#!/bin/sh\nif [ \"$1\" = swrk ]; then echo 'simulated CRIU crash' >&2; exit 1; fi\nexec %q \"$@\"\n", real)
+	script := fmt.Sprintf("#!/bin/sh\nif [ \"$1\" = swrk ] || [ \"$1\" = dump ]; then echo 'simulated CRIU crash' >&2; exit 1; fi\nexec %q \"$@\"\n", real)
 	if err := os.WriteFile(broken, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,9 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	if hook, code := criu.RunActionHook(os.Args[1:]); hook {
+		os.Exit(code)
+	}
 	// Not the launcher: its variables, inherited or a user's, must not
 	// reach the launchers this process starts.
 	criu.ClearLauncherEnv()
