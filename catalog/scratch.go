@@ -149,15 +149,15 @@ func ramFree(dir string) int64 {
 		return -1
 	}
 	free := int64(st.Bavail) * st.Bsize
-	if avail := memAvailable(); avail >= 0 {
+	if avail := MemAvailable(); avail >= 0 {
 		free = min(free, avail)
 	}
 	return free
 }
 
-// memAvailable is the kernel's estimate of memory available without
+// MemAvailable is the kernel's estimate of memory available without
 // swapping (MemAvailable in /proc/meminfo), or -1.
-func memAvailable() int64 { return meminfo("MemAvailable") }
+func MemAvailable() int64 { return meminfo("MemAvailable") }
 
 // memTotal is the machine's memory (MemTotal), or -1.
 func memTotal() int64 { return meminfo("MemTotal") }

@@ -245,6 +245,15 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	}
 	w := o.Writer
 	w.Progress = o.Progress
+	if w.Backlog == 0 {
+		// The memory images come in faster than the disk takes what
+		// does not compress: let them run ahead into memory (a quarter
+		// of what is available, at most maxBacklog) while the disk
+		// catches up on what follows, zeros that compress to nothing.
+		if avail := catalog.MemAvailable(); avail > 0 {
+			w.Backlog = min(avail/4, maxBacklog)
+		}
+	}
 	packer, err := fileset.NewPacker(ctx, pending, w)
 	if err != nil {
 		return fail(err)
@@ -404,6 +413,10 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	res.Total = time.Since(start)
 	return res, nil
 }
+
+// maxBacklog bounds the memory a checkpoint's images may take while they
+// wait for the disk.
+const maxBacklog = 8 << 30
 
 // commit adds the rest of the images (with the dump log so far) to what
 // the packer streamed, and commits the checkpoint.

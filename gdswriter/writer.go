@@ -31,6 +31,13 @@ type WriterOptions struct {
 	// Progress, when set, is called with the raw byte count of each chunk
 	// once it is written, from several goroutines at once.
 	Progress func(rawBytes int64)
+	// Backlog is how many bytes of chunks, beyond the 2*Workers+1 chunk
+	// buffers it always has, the Writer may hold while they wait to be
+	// encoded and written. That memory is allocated only when data comes
+	// faster than it goes: a source that outruns the disk for a while
+	// (random bytes) and then leaves it idle (zeros, which compress to
+	// nothing) is then held back by neither. Not with Pin.
+	Backlog int64
 	// Pin, when set, registers each chunk buffer with a device driver when
 	// the Writer is created (and undoes it when it is done), so that Fill
 	// can copy device memory straight into them.
@@ -133,7 +140,13 @@ func Create(ctx context.Context, path string, o WriterOptions) (*Writer, error) 
 		f.close()
 		return nil, err
 	}
-	w := &Writer{ctx: ctx, path: path, opts: o, file: f, pool: pool, jobs: make(chan writeJob, o.Workers)}
+	queue := o.Workers
+	if o.Backlog > 0 && o.Pin == nil {
+		extra := int(o.Backlog / int64(o.ChunkSize))
+		pool.grow(2*o.Workers + 1 + extra)
+		queue += extra
+	}
+	w := &Writer{ctx: ctx, path: path, opts: o, file: f, pool: pool, jobs: make(chan writeJob, queue)}
 	for i := 0; i < o.Workers; i++ {
 		w.workers.Add(1)
 		go w.work()

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"testing/iotest"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -366,6 +367,70 @@ func TestDirectAllocatesAhead(t *testing.T) {
 	got, err := wtRead(t, path, res.Chunks, 2)
 	if err != nil || !bytes.Equal(got, data) {
 		t.Errorf("read back %d bytes (%v), want the %d written", len(got), err, len(data))
+	}
+}
+
+// TestPoolGrows: a pool with room to grow hands out buffers beyond those
+// it started with, up to its limit and no further, all usable.
+func TestPoolGrows(t *testing.T) {
+	p, err := newBufferPool(2, wtChunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	p.grow(11)
+	var taken []*alignedBuffer
+	for i := 0; i < 11; i++ {
+		b := p.get()
+		if !isAligned(b.mem) || len(b.mem) != wtChunk {
+			t.Fatalf("buffer %d: %d bytes at %p, not a whole aligned chunk", i, len(b.mem), &b.mem[0])
+		}
+		b.mem[len(b.mem)-1] = byte(i)
+		taken = append(taken, b)
+	}
+	p.mu.Lock()
+	n := len(p.all)
+	p.mu.Unlock()
+	if n != 11 || len(p.free) != 0 {
+		t.Fatalf("after 11 gets: %d buffers, %d free; want 11, 0", n, len(p.free))
+	}
+	for _, b := range taken {
+		p.put(b)
+	}
+	// A pinned pool does not grow.
+	pinned, err := newPinnedPool(1, wtChunk, func(b []byte) (func([]byte), error) { return func([]byte) {}, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pinned.close()
+	pinned.grow(5)
+	if pinned.limit != 1 || pinned.wake != nil {
+		t.Errorf("a pinned pool grew to %d", pinned.limit)
+	}
+}
+
+// TestHugeBuffer: a buffer of whole huge pages starts on one.
+func TestHugeBuffer(t *testing.T) {
+	b, err := newHugeBuffer(2 * hugePage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.free()
+	if addr := uintptr(unsafe.Pointer(&b.mem[0])); addr%hugePage != 0 || len(b.mem) != 2*hugePage {
+		t.Fatalf("%d bytes at %#x", len(b.mem), addr)
+	}
+	b.mem[0], b.mem[len(b.mem)-1] = 1, 2
+}
+
+// TestWriterBacklog: with a backlog, a writer with one worker takes a
+// stream of many chunks (more than its own buffers) and it reads back the
+// same.
+func TestWriterBacklog(t *testing.T) {
+	data := wtData(40*wtChunk+123, 11)
+	path, res := wtWrite(t, t.TempDir(), data, WriterOptions{ChunkSize: wtChunk, Workers: 1, Method: MethodAuto, Backlog: 32 * wtChunk}, true)
+	got, err := wtRead(t, path, res.Chunks, 2)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back %d bytes (%v), want the %d written", len(got), err, len(data))
 	}
 }
 
