@@ -247,6 +247,13 @@ func (e *Encoder) encodeAuto(raw []byte) ([]byte, Codec) {
 	if codecWorthIt(z, n) {
 		best, bestSize = CodecZstd, z
 	}
+	// What zstd shrinks thirty-fold or more (mostly zeros, as much of a
+	// process's memory is) is not worth trying planes on: they could save
+	// a thirty-second of the chunk at most, and splitting and counting
+	// the planes of a whole chunk costs several times zstd's time.
+	if z <= n/32 {
+		return e.encodeZstd(raw)
+	}
 	// Plain zstd finding matches hints that planes may have them too.
 	repeats := z < n-n/8
 	for _, stride := range e.strides {
