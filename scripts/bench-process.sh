@@ -97,6 +97,7 @@ stasis_checkpoint() {
 	id=$(echo "$json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["record"]["id"])')
 	stored=$(echo "$json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["record"]["stored_bytes"])')
 	stasis_pause+=("$(echo "$json" | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["dump_seconds"]+j["store_seconds"])')")
+	stasis_parts+=("$(echo "$json" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("dump %.3f s, store backlog %.3f s, commit %.3f s" % (j["dump_seconds"], j.get("store_backlog_seconds", 0), j.get("commit_seconds", 0)))')")
 	wait_counting "$dir/count"
 	disk_floor+=("$(direct_write "$stored" "$dir/direct-write")")
 }
@@ -134,7 +135,7 @@ stasis_restore() {
 mkdir -p "$dir"
 for size in "${sizes[@]}"; do
 	rm -rf "$dir/by-hand" "$STASIS_HOME" "$dir/count"
-	hand_dump=(); hand_sync=(); disk_floor=(); stasis_total=(); stasis_pause=(); hand_restore=(); stasis_restore=(); stasis_restore_stream=(); stasis_restore_vf=()
+	hand_dump=(); hand_sync=(); disk_floor=(); stasis_total=(); stasis_pause=(); hand_restore=(); stasis_restore=(); stasis_parts=(); stasis_restore_stream=(); stasis_restore_vf=()
 	pid=$(sh -c "setsid python3 cli/testdata/memory.py '$dir/count' $size </dev/null >/dev/null 2>&1 & echo \$!")
 	until [ -s "$dir/count" ]; do sleep 0.1; done
 	wait_counting "$dir/count"
@@ -146,7 +147,7 @@ for size in "${sizes[@]}"; do
 		else
 			stasis_checkpoint; by_hand_checkpoint; stasis_restore; by_hand_restore
 		fi
-		echo "round $((round + 1)): by hand dump ${hand_dump[-1]} s (+ sync ${hand_sync[-1]} s), raw O_DIRECT write of the stored bytes ${disk_floor[-1]} s, restore ${hand_restore[-1]} s; stasis checkpoint ${stasis_total[-1]} s, restore ${stasis_restore[-1]} s (--pages stream ${stasis_restore_stream[-1]} s, --verify-first ${stasis_restore_vf[-1]} s)" >&2
+		echo "round $((round + 1)): by hand dump ${hand_dump[-1]} s (+ sync ${hand_sync[-1]} s), raw O_DIRECT write of the stored bytes ${disk_floor[-1]} s, restore ${hand_restore[-1]} s; stasis checkpoint ${stasis_total[-1]} s (${stasis_parts[-1]}), restore ${stasis_restore[-1]} s (--pages stream ${stasis_restore_stream[-1]} s, --verify-first ${stasis_restore_vf[-1]} s)" >&2
 	done
 	kill -9 "$pid"; wait_gone "$pid"
 
