@@ -21,6 +21,7 @@ type directFile struct {
 	allocMu   sync.Mutex
 	allocated int64 // bytes of the file with blocks allocated ahead (reserve)
 	noAlloc   bool  // the file system refused to allocate ahead
+	tried     bool  // reserve called fallocate at least once
 }
 
 // openDirect opens path with flag (os.O_RDONLY, or os.O_WRONLY|os.O_CREATE|
@@ -117,6 +118,7 @@ func (d *directFile) reserve(end int64) {
 		return
 	}
 	next := max(end, d.allocated+min(max(d.allocated, minAllocAhead), maxAllocAhead))
+	d.tried = true
 	if err := unix.Fallocate(int(d.f.Fd()), 0, d.allocated, next-d.allocated); err != nil {
 		d.noAlloc = true
 		return
@@ -124,15 +126,23 @@ func (d *directFile) reserve(end int64) {
 	d.allocated = next
 }
 
-// trim cuts what reserve allocated beyond size, the data's end.
+// trim cuts what reserve allocated beyond size, the data's end, including
+// what a failed fallocate allocated before it ran out of room (ext4 keeps
+// that, and the file's size grows with it).
 func (d *directFile) trim(size int64) error {
 	d.allocMu.Lock()
 	defer d.allocMu.Unlock()
-	if d.allocated <= size {
+	if !d.tried {
 		return nil
 	}
-	if err := d.f.Truncate(size); err != nil {
+	st, err := d.f.Stat()
+	if err != nil {
 		return err
+	}
+	if st.Size() > size {
+		if err := d.f.Truncate(size); err != nil {
+			return err
+		}
 	}
 	d.allocated = size
 	return nil
