@@ -438,7 +438,7 @@ func commit(p *catalog.Pending, packer *fileset.Packer, images, work string, met
 	return p.Commit()
 }
 
-// saveImage writes an image CRIU hands over to a file.
+// saveImage writes an image CRIU hands over (or the log) to a new file.
 func saveImage(path string, r io.Reader) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -463,15 +463,7 @@ func copyLog(from, to string) error {
 		return err
 	}
 	defer src.Close()
-	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		dst.Close()
-		return err
-	}
-	return dst.Close()
+	return saveImage(to, src)
 }
 
 // KernelRelease is this machine's kernel release (uname -r).
