@@ -38,12 +38,11 @@ type ImageCapture struct {
 	talks sync.WaitGroup // the accept loop and one conversation per CRIU
 	files sync.WaitGroup // one receiver per image file
 
-	mu       sync.Mutex
-	conns    []*net.UnixConn
-	busy     int // conversations handling a request
-	errs     []error
-	received map[string]int64
-	closed   bool
+	mu     sync.Mutex
+	conns  []*net.UnixConn
+	busy   int // conversations handling a request
+	errs   []error
+	closed bool
 }
 
 // CaptureImages listens on CaptureSocket in imagesDir and hands every
@@ -56,7 +55,7 @@ func CaptureImages(imagesDir string, receive ImageReceiver) (*ImageCapture, erro
 		return nil, fmt.Errorf("image capture: %w", err)
 	}
 	l.SetUnlinkOnClose(true)
-	c := &ImageCapture{listener: l, receive: receive, received: map[string]int64{}}
+	c := &ImageCapture{listener: l, receive: receive}
 	c.talks.Add(1)
 	go c.accept()
 	return c, nil
@@ -134,12 +133,7 @@ func (c *ImageCapture) takeFile(conn *net.UnixConn) error {
 	go func() {
 		defer c.files.Done()
 		defer pipe.Close()
-		cr := &countingReader{r: pipe}
-		err := c.receive(name, cr)
-		c.mu.Lock()
-		c.received[name] += cr.n
-		c.mu.Unlock()
-		if err != nil {
+		if err := c.receive(name, pipe); err != nil {
 			c.fail(fmt.Errorf("image %s: %w", name, err))
 		}
 	}()
@@ -172,16 +166,22 @@ func waitReadable(raw interface {
 // socket is gone from the images directory when it returns.
 func (c *ImageCapture) Drain() error {
 	c.mu.Lock()
-	if !c.closed {
-		c.closed = true
-		c.listener.Close()
-	}
+	c.stopListening()
 	c.mu.Unlock()
 	for c.pending() {
 		time.Sleep(time.Millisecond)
 	}
 	c.files.Wait()
 	return c.Err()
+}
+
+// stopListening closes the listener (and removes the socket) once; c.mu
+// is held.
+func (c *ImageCapture) stopListening() {
+	if !c.closed {
+		c.closed = true
+		c.listener.Close()
+	}
 }
 
 // pending reports whether a request is being handled or waits, unread, in
@@ -213,10 +213,7 @@ func (c *ImageCapture) pending() bool {
 // at once).
 func (c *ImageCapture) Close() {
 	c.mu.Lock()
-	if !c.closed {
-		c.closed = true
-		c.listener.Close()
-	}
+	c.stopListening()
 	for _, conn := range c.conns {
 		conn.CloseRead()
 	}
@@ -240,29 +237,6 @@ func (c *ImageCapture) Err() error {
 		return c.errs[0]
 	}
 	return nil
-}
-
-// Received reports how many bytes of each image file were read.
-func (c *ImageCapture) Received() map[string]int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make(map[string]int64, len(c.received))
-	for k, v := range c.received {
-		out[k] = v
-	}
-	return out
-}
-
-// countingReader counts the bytes read through it.
-type countingReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countingReader) Read(b []byte) (int, error) {
-	n, err := c.r.Read(b)
-	c.n += int64(n)
-	return n, err
 }
 
 // enlargePipe makes an image pipe hold more than the default 64 KiB (16

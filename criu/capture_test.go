@@ -119,9 +119,6 @@ func TestImageCapture(t *testing.T) {
 	if !bytes.Equal(got.files["pagemap-1.img"], want) || string(got.files["inventory.img"]) != "inventory" {
 		t.Errorf("got pagemap %q, inventory %q", got.files["pagemap-1.img"], got.files["inventory.img"])
 	}
-	if r := c.Received(); r["pages-1.img"] != int64(4*len(big)) || r["inventory.img"] != 9 {
-		t.Errorf("Received = %v", r)
-	}
 	if _, err := os.Stat(filepath.Join(dir, CaptureSocket)); !os.IsNotExist(err) {
 		t.Errorf("the socket is still there after Drain: %v", err)
 	}
