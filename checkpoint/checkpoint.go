@@ -322,6 +322,8 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			if o.Fast {
 				return nil
 			}
+			// The tree waits, frozen, for what is left to be stored.
+			packer.Hurry()
 			meta.MappedFiles = hasher.Describe(frozenFiles)
 			MarkSharedWritable(meta.MappedFiles, frozenShared)
 			t := time.Now()

@@ -258,5 +258,9 @@ func (k *Packer) Close() error {
 	return nil
 }
 
+// Hurry says the caller now waits for Close: the writer encodes what is left
+// with its fastest codec (gdswriter.Writer.Hurry).
+func (k *Packer) Hurry() { k.w.Hurry() }
+
 // Abort stops the writer; the caller aborts the pending checkpoint.
 func (k *Packer) Abort() { k.w.Abort() }

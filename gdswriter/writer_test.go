@@ -434,6 +434,66 @@ func TestWriterBacklog(t *testing.T) {
 	}
 }
 
+// TestWriterHurry: chunks encoded after Hurry take s2 instead of zstd (or
+// raw where s2 does not pay), those before keep zstd, and all read back.
+func TestWriterHurry(t *testing.T) {
+	data := wtData(12*wtChunk+77, 12)
+	for _, method := range []Method{MethodZstd, MethodAuto} {
+		t.Run(string(method), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "d")
+			w, err := Create(context.Background(), path, WriterOptions{ChunkSize: wtChunk, Workers: 2, Method: method})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Hurry while the workers still encode: whichever
+			// codec each chunk got, the file reads back.
+			if _, err := w.Write(data); err != nil {
+				t.Fatal(err)
+			}
+			w.Hurry()
+			res, err := w.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := wtRead(t, path, res.Chunks, 2)
+			if err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("read back %d bytes (%v), want the %d written", len(got), err, len(data))
+			}
+		})
+	}
+	// Hurry before any data: every chunk that compresses takes s2; and
+	// without Hurry none does.
+	for _, hurry := range []bool{true, false} {
+		path := filepath.Join(t.TempDir(), "d")
+		w, err := Create(context.Background(), path, WriterOptions{ChunkSize: wtChunk, Workers: 2, Method: MethodZstd})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hurry {
+			w.Hurry()
+		}
+		if _, err := w.Write(data); err != nil {
+			t.Fatal(err)
+		}
+		res, err := w.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range res.Chunks {
+			if hurry && c.Codec != CodecS2 && c.Codec != CodecRaw || !hurry && c.Codec == CodecS2 {
+				t.Errorf("hurry %v: chunk %d has codec %v", hurry, i, c.Codec)
+			}
+		}
+		if hurry && res.Chunks[0].Codec != CodecS2 {
+			t.Errorf("after Hurry, chunk 0 (compressible) has codec %v, want s2", res.Chunks[0].Codec)
+		}
+		got, err := wtRead(t, path, res.Chunks, 2)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("hurry %v: read back %d bytes (%v), want the %d written", hurry, len(got), err, len(data))
+		}
+	}
+}
+
 func TestTmpfsFallback(t *testing.T) {
 	const shm = "/dev/shm"
 	if _, err := os.Stat(shm); err != nil {
