@@ -237,3 +237,67 @@ func TestStreamedDumpHooks(t *testing.T) {
 		}
 	}
 }
+
+// TestActionScript: the script runs stasis (here: a stand-in at a path
+// that needs quoting) at the actions with a hook, passing its exit code
+// back, and exits 0 at the others; a noexec work directory gets stasis's
+// own path instead.
+func TestActionScript(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "it's a dir")
+	if err := os.Mkdir(bin, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "ran")
+	self := filepath.Join(bin, "stasis")
+	if err := os.WriteFile(self, []byte("#!/bin/sh\necho \"$CRTOOLS_SCRIPT_ACTION\" >>"+shellQuote(out)+"\nexit 3\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	run := func(script, action string) (ran string, code int) {
+		t.Helper()
+		os.Remove(out)
+		cmd := exec.Command(script)
+		cmd.Env = append(os.Environ(), "CRTOOLS_SCRIPT_ACTION="+action)
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("run %s: %v", script, err)
+		}
+		data, _ := os.ReadFile(out)
+		return strings.TrimSpace(string(data)), code
+	}
+	hook := func() error { return nil }
+	script := actionScript(t.TempDir(), self, Hooks{PostDump: hook})
+	if script == self {
+		t.Fatal("no script written into a plain temporary directory")
+	}
+	for _, action := range []string{"pre-stream", "pre-dump", "network-lock"} {
+		if ran, code := run(script, action); ran != "" || code != 0 {
+			t.Errorf("at %s: ran %q, exit %d; want nothing run, exit 0", action, ran, code)
+		}
+	}
+	if ran, code := run(script, "post-dump"); ran != "post-dump" || code != 3 {
+		t.Errorf("at post-dump: ran %q, exit %d; want post-dump, exit 3", ran, code)
+	}
+	script = actionScript(t.TempDir(), self, Hooks{PreDump: hook, PostDump: hook})
+	if ran, code := run(script, "pre-dump"); ran != "pre-dump" || code != 3 {
+		t.Errorf("with a pre-dump hook, at pre-dump: ran %q, exit %d", ran, code)
+	}
+	script = actionScript(t.TempDir(), self, Hooks{})
+	if ran, code := run(script, "post-dump"); ran != "" || code != 0 {
+		t.Errorf("without hooks, at post-dump: ran %q, exit %d", ran, code)
+	}
+
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a noexec tmpfs needs root")
+	}
+	noexec := t.TempDir()
+	if err := unix.Mount("tmpfs", noexec, "tmpfs", unix.MS_NOEXEC, "size=1m"); err != nil {
+		t.Skipf("mount a noexec tmpfs: %v", err)
+	}
+	defer unix.Unmount(noexec, unix.MNT_DETACH)
+	if got := actionScript(noexec, self, Hooks{PostDump: hook}); got != self {
+		t.Errorf("in a noexec directory the script is %s, want %s", got, self)
+	}
+}
