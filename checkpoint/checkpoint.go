@@ -131,7 +131,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	o.CRIU.Path = criuPath
+	o.CRIU.Path, o.CRIU.Version = criuPath, criuVersion
 	if o.Fast {
 		o.LeaveRunning = true
 	}

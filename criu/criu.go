@@ -142,8 +142,13 @@ type Options struct {
 	ExtUnixSockets bool
 	// FileLocks dumps and restores file locks.
 	FileLocks bool
-	// LogLevel of CRIU's log (0 to 4); 4 when zero, since the log is kept
-	// with the images and quoted on failure.
+	// Version is what Resolve found Path to be. When set (with Path), the
+	// dump or restore runs Path as it is, without asking its version again.
+	Version int
+	// LogLevel of CRIU's log (0 to 4). When zero: 4 (debug) for restores,
+	// whose log is kept with the images and quoted on failure, and 3
+	// (info) for dumps, whose debug lines (a few per page pipe, 17,000
+	// for a GiB of memory) cost CRIU about a tenth of its dump time.
 	LogLevel int
 	// InheritFDs (restore only) give the restored tree files of this
 	// process in place of resources that were outside the dumped tree,
@@ -175,18 +180,31 @@ type InheritFD struct {
 	File *os.File
 }
 
-// logLevel is LogLevel, 4 when unset.
-func (o Options) logLevel() int {
-	if o.LogLevel == 0 {
-		return 4
+// logLevel is LogLevel, or op's level when unset.
+func (o Options) logLevel(op string) int {
+	switch {
+	case o.LogLevel != 0:
+		return o.LogLevel
+	case op == "dump":
+		return 3
 	}
-	return o.LogLevel
+	return 4
+}
+
+// binary is the criu to run: Path as Resolve found it (Version set), or
+// Resolve's answer.
+func (o Options) binary() (string, error) {
+	if o.Path != "" && o.Version != 0 {
+		return o.Path, nil
+	}
+	path, _, err := Resolve(o.Path)
+	return path, err
 }
 
 // rpcOpts translates o. config, when set, is a CRIU configuration file
 // that CRIU inherits (NamespacesOf).
-func (o Options) rpcOpts(imagesDir, workDir, config *os.File, logFile string) *rpc.CriuOpts {
-	level := o.logLevel()
+func (o Options) rpcOpts(op string, imagesDir, workDir, config *os.File, logFile string) *rpc.CriuOpts {
+	level := o.logLevel(op)
 	opts := &rpc.CriuOpts{
 		ImagesDirFd:    proto.Int32(int32(imagesDir.Fd())),
 		WorkDirFd:      proto.Int32(int32(workDir.Fd())),
@@ -376,7 +394,7 @@ func ClearLauncherEnv() {
 }
 
 func run(op string, o Options, imagesDir, workDir, logName string, hooks Hooks, do func(*gocriu.Criu, *rpc.CriuOpts, gocriu.Notify) error) error {
-	path, _, err := Resolve(o.Path)
+	path, err := o.binary()
 	if err != nil {
 		return err
 	}
@@ -431,7 +449,7 @@ func run(op string, o Options, imagesDir, workDir, logName string, hooks Hooks, 
 	c := gocriu.MakeCriu()
 	c.SetCriuPath(path)
 	logPath := filepath.Join(workDir, logName)
-	if err := do(c, o.rpcOpts(images, work, config, logName), notifier{h: hooks}); err != nil {
+	if err := do(c, o.rpcOpts(op, images, work, config, logName), notifier{h: hooks}); err != nil {
 		return &Error{Op: op, Err: err, Log: logPath, Excerpt: ErrorLines(logPath, 6)}
 	}
 	return nil

@@ -118,3 +118,42 @@ func TestPIDTaken(t *testing.T) {
 		}
 	}
 }
+
+// TestResolvedPathRunsAsIs: with Version set, a dump runs Path without
+// asking it for its version again; without, it asks.
+func TestResolvedPathRunsAsIs(t *testing.T) {
+	dir := t.TempDir()
+	asked := filepath.Join(dir, "asked")
+	fake := filepath.Join(dir, "criu")
+	script := "#!/bin/sh\nif [ \"$1\" = --version ]; then echo x >>" + asked + "; echo 'Version: 4.1.1'; exit 0; fi\nexit 7\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, version := range []int{40101, 0} {
+		os.Remove(asked)
+		images, work, err := MakeDirs(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = Dump(Options{Path: fake, Version: version, Stream: true}, os.Getpid(), images, work, Hooks{})
+		if err == nil {
+			t.Fatalf("Version %d: a dump by a criu that exits 7 succeeded", version)
+		}
+		_, statErr := os.Stat(asked)
+		if ran := statErr == nil; ran != (version == 0) {
+			t.Errorf("Version %d: criu --version ran: %v", version, ran)
+		}
+	}
+}
+
+func TestLogLevel(t *testing.T) {
+	for _, c := range []struct {
+		set  int
+		op   string
+		want int
+	}{{0, "dump", 3}, {0, "restore", 4}, {2, "dump", 2}, {4, "dump", 4}, {1, "restore", 1}} {
+		if got := (Options{LogLevel: c.set}).logLevel(c.op); got != c.want {
+			t.Errorf("LogLevel %d, %s: level %d, want %d", c.set, c.op, got, c.want)
+		}
+	}
+}

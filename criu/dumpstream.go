@@ -32,7 +32,7 @@ const hookSocket = "hooks.sock"
 // fails, and so do CRIU's writes into the image pipes: CRIU resumes the
 // tree.
 func dumpStreamed(o Options, pid int, imagesDir, workDir string, hooks Hooks) error {
-	path, _, err := Resolve(o.Path)
+	path, err := o.binary()
 	if err != nil {
 		return err
 	}
@@ -50,7 +50,7 @@ func dumpStreamed(o Options, pid int, imagesDir, workDir string, hooks Hooks) er
 	defer hs.Close()
 	script := actionScript(workDir, self, hooks)
 	args := []string{"dump", "--stream", "--tree", strconv.Itoa(pid), "--images-dir", imagesDir, "--work-dir", workDir,
-		"--log-file", DumpLog, fmt.Sprintf("-v%d", o.logLevel()), "--action-script", script}
+		"--log-file", DumpLog, fmt.Sprintf("-v%d", o.logLevel("dump")), "--action-script", script}
 	if o.LeaveRunning {
 		args = append(args, "--leave-running")
 	}

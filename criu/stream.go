@@ -285,7 +285,7 @@ func receivePipe(c *net.UnixConn) (*os.File, error) {
 // the root's PID from CRIU's pid file. An ImageServer must be listening in
 // imagesDir.
 func restoreStreamed(o Options, imagesDir, workDir string) (int, error) {
-	path, _, err := Resolve(o.Path)
+	path, err := o.binary()
 	if err != nil {
 		return 0, err
 	}
@@ -294,7 +294,7 @@ func restoreStreamed(o Options, imagesDir, workDir string) (int, error) {
 	}
 	pidFile := filepath.Join(workDir, "restore.pid")
 	args := []string{"restore", "--stream", "--images-dir", imagesDir, "--work-dir", workDir,
-		"--log-file", RestoreLog, fmt.Sprintf("-v%d", o.logLevel()),
+		"--log-file", RestoreLog, fmt.Sprintf("-v%d", o.logLevel("restore")),
 		"--restore-detached", "--restore-sibling", "--pidfile", pidFile}
 	args = append(args, o.commandLineFlags()...)
 	var extra []*os.File

@@ -174,7 +174,7 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 		return nil, err
 	}
 	co := o.CRIU
-	co.Path = criuPath
+	co.Path, co.Version = criuPath, criuVersion
 	co.ShellJob, co.TCPEstablished, co.ExtUnixSockets, co.FileLocks = meta.ShellJob, meta.TCPEstablished, meta.ExtUnixSockets, meta.FileLocks
 	// Everything this machine must match is checked, and every mismatch
 	// named, before anything runs.
