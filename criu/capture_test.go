@@ -288,6 +288,20 @@ func TestActionScript(t *testing.T) {
 	if ran, code := run(script, "post-dump"); ran != "" || code != 0 {
 		t.Errorf("without hooks, at post-dump: ran %q, exit %d", ran, code)
 	}
+	// A relative work directory (CRIU runs the script from there) still
+	// gives an absolute path, executable whatever the umask.
+	t.Chdir(t.TempDir())
+	if err := os.Mkdir("work", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old := unix.Umask(0o177)
+	script = actionScript("work", self, Hooks{PostDump: hook})
+	unix.Umask(old)
+	if !filepath.IsAbs(script) || script == self {
+		t.Errorf("work directory \"work\": script %q, want an absolute path of its own", script)
+	} else if ran, code := run(script, "post-dump"); ran != "post-dump" || code != 3 {
+		t.Errorf("script written under umask 177, at post-dump: ran %q, exit %d", ran, code)
+	}
 
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a noexec tmpfs needs root")

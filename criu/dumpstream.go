@@ -95,8 +95,13 @@ func actionScript(workDir, self string, hooks Hooks) string {
 	if len(actions) > 0 {
 		text += fmt.Sprintf("case \"$CRTOOLS_SCRIPT_ACTION\" in\n%s) exec %s ;;\nesac\n", strings.Join(actions, "|"), shellQuote(self))
 	}
-	path := filepath.Join(workDir, actionScriptName)
-	if err := os.WriteFile(path, []byte(text), 0o700); err != nil {
+	// CRIU runs the script from its work directory: the path must not be
+	// relative; and the umask must not have taken its execute bit.
+	path, err := filepath.Abs(filepath.Join(workDir, actionScriptName))
+	if err != nil {
+		return self
+	}
+	if err := os.WriteFile(path, []byte(text), 0o700); err != nil || os.Chmod(path, 0o700) != nil || unix.Access(path, unix.X_OK) != nil {
 		return self
 	}
 	return path

@@ -621,3 +621,37 @@ func TestCodecPlanesSpecExample(t *testing.T) {
 		t.Fatalf("Decode with tail = % x, %v", got, err)
 	}
 }
+
+// TestCodecHurried: EncodeHurried takes s2 where Encode takes zstd for data
+// that does not shrink thirty-fold, and keeps the other choices: zstd for
+// zeros, raw for random bytes, planes for bf16; each decodes back.
+func TestCodecHurried(t *testing.T) {
+	dec := NewDecoder()
+	for _, c := range []struct {
+		name         string
+		raw          []byte
+		method       Method
+		plain, hurry Codec
+	}{
+		{"text auto", codecTestText(4<<20, 5), MethodAuto, CodecZstd, CodecS2},
+		{"text zstd", codecTestText(4<<20, 5), MethodZstd, CodecZstd, CodecS2},
+		{"zeros auto", make([]byte, 4<<20), MethodAuto, CodecZstd, CodecZstd},
+		{"random auto", codecTestRandom(4<<20, 6), MethodAuto, CodecRaw, CodecRaw},
+		{"bf16 auto", codecTestBF16(4<<20, 3, 0.02), MethodAuto, CodecPlanes2, CodecPlanes2},
+		{"text s2", codecTestText(4<<20, 5), MethodS2, CodecS2, CodecS2},
+	} {
+		enc := NewEncoder(c.method, 0)
+		if _, codec := enc.Encode(c.raw); codec != c.plain {
+			t.Errorf("%s: Encode took %s, want %s", c.name, codec, c.plain)
+		}
+		stored, codec := enc.EncodeHurried(c.raw)
+		if codec != c.hurry {
+			t.Errorf("%s: EncodeHurried took %s, want %s", c.name, codec, c.hurry)
+			continue
+		}
+		got, err := dec.Decode(nil, stored, codec, len(c.raw))
+		if err != nil || !bytes.Equal(got, c.raw) {
+			t.Errorf("%s: %s does not decode back (%v)", c.name, codec, err)
+		}
+	}
+}

@@ -156,11 +156,13 @@ func Create(ctx context.Context, path string, o WriterOptions) (*Writer, error) 
 }
 
 // Hurry tells the Writer that its caller now waits for Close (a process
-// frozen until its checkpoint is durable): chunks whose encoding starts
-// from now on take s2 where zstd or auto would have been used, four to
-// five times faster for some compression lost. That is the last few
-// chunks, which would otherwise be encoded one per core while the caller
-// waits. Safe to call from any goroutine.
+// frozen until its checkpoint is durable): a chunk whose encoding starts
+// from now on, while no more chunks wait than there are workers, takes s2
+// where zstd would have been used (Encoder.EncodeHurried), four to five
+// times faster for some compression lost. Those are the last few chunks,
+// which would otherwise be encoded one per core while the caller waits; a
+// longer queue means the disk, not the encoding, sets the pace, and its
+// chunks keep their codec. Safe to call from any goroutine.
 func (w *Writer) Hurry() { w.hurry.Store(true) }
 
 // Offset is the number of bytes written to the stream so far: the stream
@@ -309,7 +311,6 @@ func (w *Writer) dispatch() {
 func (w *Writer) work() {
 	defer w.workers.Done()
 	enc := NewEncoder(w.opts.Method, w.opts.ElemSize)
-	var fast *Encoder // s2, for chunks encoded after Hurry
 	var out *alignedBuffer
 	defer func() { out.free() }()
 	for job := range w.jobs {
@@ -325,14 +326,8 @@ func (w *Writer) work() {
 				if job.device != nil {
 					err = w.writeDeviceChunk(job)
 				} else {
-					e := enc
-					if w.hurry.Load() && (w.opts.Method == MethodZstd || w.opts.Method == MethodAuto) {
-						if fast == nil {
-							fast = NewEncoder(MethodS2, 0)
-						}
-						e = fast
-					}
-					err = w.writeChunk(e, out, job)
+					hurried := w.hurry.Load() && len(w.jobs) <= w.opts.Workers
+					err = w.writeChunk(enc, out, job, hurried)
 				}
 				if err != nil {
 					w.fail(err)
@@ -347,10 +342,14 @@ func (w *Writer) work() {
 
 // writeChunk encodes one chunk, checksums it and writes it at a fresh
 // extent of the file.
-func (w *Writer) writeChunk(enc *Encoder, out *alignedBuffer, job writeJob) error {
+func (w *Writer) writeChunk(enc *Encoder, out *alignedBuffer, job writeJob, hurried bool) error {
 	raw := job.raw()
 	rawCRC := crc32.Checksum(raw, castagnoli)
-	stored, codec := enc.Encode(raw)
+	encode := enc.Encode
+	if hurried {
+		encode = enc.EncodeHurried
+	}
+	stored, codec := encode(raw)
 	var extent []byte
 	if codec == CodecRaw || len(stored) > w.opts.ChunkSize {
 		codec, stored = CodecRaw, raw
