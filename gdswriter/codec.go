@@ -177,7 +177,7 @@ func (e *Encoder) Encode(raw []byte) (stored []byte, codec Codec) {
 
 // EncodeHurried is Encode for a caller that waits: where Encode would take
 // zstd for data that zstd does not shrink thirty-fold (the zeros it does
-// are as fast either way), it takes s2, four to five times faster, or raw
+// are as fast either way), it takes s2, several times faster, or raw
 // where s2 does not pay. auto's other choices (raw, byte planes) stand.
 func (e *Encoder) EncodeHurried(raw []byte) (stored []byte, codec Codec) {
 	if len(raw) < codecMinLen || len(raw) > codecMaxRawLen {

@@ -508,6 +508,28 @@ func BenchmarkEncodeAuto(b *testing.B) {
 	b.ReportMetric(float64(n)/float64(len(raw)), "ratio")
 }
 
+// BenchmarkEncodeHurried compares auto's encoding of text-like chunks
+// (zstd) with its hurried encoding (s2), speed and ratio.
+func BenchmarkEncodeHurried(b *testing.B) {
+	raw := codecTestText(4<<20, 12)
+	for _, hurried := range []bool{false, true} {
+		b.Run(fmt.Sprintf("hurried=%v", hurried), func(b *testing.B) {
+			enc := NewEncoder(MethodAuto, 0)
+			encode := enc.Encode
+			if hurried {
+				encode = enc.EncodeHurried
+			}
+			b.SetBytes(int64(len(raw)))
+			var n int
+			for b.Loop() {
+				stored, _ := encode(raw)
+				n = len(stored)
+			}
+			b.ReportMetric(float64(n)/float64(len(raw)), "ratio")
+		})
+	}
+}
+
 func BenchmarkEncodeAutoRandom(b *testing.B) {
 	raw := codecTestRandom(4<<20, 11)
 	enc := NewEncoder(MethodAuto, 0)

@@ -158,8 +158,8 @@ func Create(ctx context.Context, path string, o WriterOptions) (*Writer, error) 
 // Hurry tells the Writer that its caller now waits for Close (a process
 // frozen until its checkpoint is durable): a chunk whose encoding starts
 // from now on, while no more chunks wait than there are workers, takes s2
-// where zstd would have been used (Encoder.EncodeHurried), four to five
-// times faster for some compression lost. Those are the last few chunks,
+// where zstd would have been used (Encoder.EncodeHurried): faster, for
+// some compression lost. Those are the last few chunks,
 // which would otherwise be encoded one per core while the caller waits; a
 // longer queue means the disk, not the encoding, sets the pace, and its
 // chunks keep their codec. Safe to call from any goroutine.
