@@ -161,18 +161,7 @@ func NewEncoder(m Method, elemSize int) *Encoder {
 // compressed result is kept only when it is below 97% of len(raw). Encode
 // never fails and never modifies raw.
 func (e *Encoder) Encode(raw []byte) (stored []byte, codec Codec) {
-	if len(raw) < codecMinLen || len(raw) > codecMaxRawLen {
-		return raw, CodecRaw
-	}
-	switch e.method {
-	case MethodZstd:
-		return e.encodeZstd(raw)
-	case MethodS2:
-		return e.encodeS2(raw)
-	case MethodAuto:
-		return e.encodeAuto(raw, false)
-	}
-	return raw, CodecRaw
+	return e.encode(raw, false)
 }
 
 // EncodeHurried is Encode for a caller that waits: where Encode would take
@@ -180,16 +169,25 @@ func (e *Encoder) Encode(raw []byte) (stored []byte, codec Codec) {
 // are as fast either way), it takes s2, several times faster, or raw
 // where s2 does not pay. auto's other choices (raw, byte planes) stand.
 func (e *Encoder) EncodeHurried(raw []byte) (stored []byte, codec Codec) {
+	return e.encode(raw, true)
+}
+
+func (e *Encoder) encode(raw []byte, hurried bool) ([]byte, Codec) {
 	if len(raw) < codecMinLen || len(raw) > codecMaxRawLen {
 		return raw, CodecRaw
 	}
 	switch e.method {
 	case MethodZstd:
+		if hurried {
+			return e.encodeS2(raw)
+		}
+		return e.encodeZstd(raw)
+	case MethodS2:
 		return e.encodeS2(raw)
 	case MethodAuto:
-		return e.encodeAuto(raw, true)
+		return e.encodeAuto(raw, hurried)
 	}
-	return e.Encode(raw)
+	return raw, CodecRaw
 }
 
 func (e *Encoder) zstdEncoder() *zstd.Encoder {
