@@ -50,6 +50,14 @@ func TestMountHugeRAMOnceWithHugePages(t *testing.T) {
 	if !isMountPoint(dir) {
 		t.Error("the mounted tmpfs is not taken for a mount point")
 	}
+	// nosuid and nodev, but not noexec: CRIU's action script runs there.
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		t.Fatal(err)
+	}
+	if fs.Flags&unix.ST_NOSUID == 0 || fs.Flags&unix.ST_NODEV == 0 || fs.Flags&unix.ST_NOEXEC != 0 {
+		t.Errorf("mount flags %#x at %s: want nosuid and nodev, not noexec", fs.Flags, dir)
+	}
 	// A file written there takes huge pages, as far as the kernel has
 	// them to give (a machine short of contiguous memory may not): logged.
 	before := meminfo("ShmemHugePages")
