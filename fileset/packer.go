@@ -258,8 +258,8 @@ func (k *Packer) Close() error {
 	return nil
 }
 
-// Hurry says the caller now waits for Close: the writer encodes what is left
-// with its fastest codec (gdswriter.Writer.Hurry).
+// Hurry says the caller now waits for Close: the writer's last chunks take
+// s2 where they would take zstd (gdswriter.Writer.Hurry).
 func (k *Packer) Hurry() { k.w.Hurry() }
 
 // Abort stops the writer; the caller aborts the pending checkpoint.

@@ -159,10 +159,10 @@ func Create(ctx context.Context, path string, o WriterOptions) (*Writer, error) 
 // frozen until its checkpoint is durable): a chunk whose encoding starts
 // from now on, while no more chunks wait than there are workers, takes s2
 // where zstd would have been used (Encoder.EncodeHurried): faster, for
-// some compression lost. Those are the last few chunks,
-// which would otherwise be encoded one per core while the caller waits; a
-// longer queue means the disk, not the encoding, sets the pace, and its
-// chunks keep their codec. Safe to call from any goroutine.
+// some compression lost. Those are the last few chunks, which would
+// otherwise be encoded one per core while the caller waits; a longer queue
+// means the disk, not the encoding, sets the pace, and its chunks keep
+// their codec. Safe to call from any goroutine.
 func (w *Writer) Hurry() { w.hurry.Store(true) }
 
 // Offset is the number of bytes written to the stream so far: the stream
