@@ -107,15 +107,17 @@ type Writer struct {
 	done   bool
 }
 
-// writeJob is one chunk for a worker: a pool buffer holding n bytes, a
-// full chunk of caller memory passed to WriteShared, or a full chunk of
-// device memory passed to FillDevice.
+// writeJob is one chunk for a worker: a pool buffer holding n bytes (or
+// to be filled with them by fill, from FillParallel), a full chunk of
+// caller memory passed to WriteShared, or a full chunk of device memory
+// passed to FillDevice.
 type writeJob struct {
 	index  int
 	buf    *alignedBuffer
 	shared []byte
 	device *DeviceSpan
 	n      int
+	fill   func(dst []byte) error
 }
 
 func (j writeJob) raw() []byte {
@@ -227,6 +229,39 @@ func (w *Writer) Fill(n int64, fill func(dst []byte, off int64) error) error {
 	return nil
 }
 
+// FillParallel adds n bytes to the stream, as Fill does, but the workers
+// fill the whole chunks among them, each its own, at the same time: the
+// way to copy a large source many cores can read at once (another
+// process's memory) without one goroutine setting the pace. fill must be
+// safe for concurrent use; it gets the offset of its piece within the n
+// bytes. A piece that completes a chunk already begun, and the last piece
+// when it does not fill a chunk, are filled before FillParallel returns;
+// the other pieces may still be filling then: Close waits for them, and
+// reports fill's first error.
+func (w *Writer) FillParallel(n int64, fill func(dst []byte, off int64) error) error {
+	chunk := int64(w.opts.ChunkSize)
+	for off := int64(0); off < n; {
+		if w.curLen != 0 || n-off < chunk {
+			piece := min(chunk-int64(w.curLen), n-off)
+			if err := w.Fill(piece, func(dst []byte, at int64) error { return fill(dst, off+at) }); err != nil {
+				return err
+			}
+			off += piece
+			continue
+		}
+		if err := w.fillBuffer(); err != nil {
+			return err
+		}
+		at := off
+		w.jobs <- writeJob{index: w.next, buf: w.cur, n: int(chunk), fill: func(dst []byte) error { return fill(dst, at) }}
+		w.next++
+		w.cur = nil
+		w.rawSize += chunk
+		off += chunk
+	}
+	return nil
+}
+
 // ReadFrom reads r to its end straight into chunk buffers.
 func (w *Writer) ReadFrom(r io.Reader) (int64, error) {
 	var total int64
@@ -322,14 +357,7 @@ func (w *Writer) work() {
 				}
 			}
 			if w.failure() == nil {
-				var err error
-				if job.device != nil {
-					err = w.writeDeviceChunk(job)
-				} else {
-					hurried := w.hurry.Load() && len(w.jobs) <= w.opts.Workers
-					err = w.writeChunk(enc, out, job, hurried)
-				}
-				if err != nil {
+				if err := w.doJob(enc, out, job); err != nil {
 					w.fail(err)
 				}
 			}
@@ -338,6 +366,20 @@ func (w *Writer) work() {
 			w.pool.put(job.buf)
 		}
 	}
+}
+
+// doJob fills a job's chunk if it is to be filled, then writes it.
+func (w *Writer) doJob(enc *Encoder, out *alignedBuffer, job writeJob) error {
+	if job.fill != nil {
+		if err := job.fill(job.raw()); err != nil {
+			return err
+		}
+	}
+	if job.device != nil {
+		return w.writeDeviceChunk(job)
+	}
+	hurried := w.hurry.Load() && len(w.jobs) <= w.opts.Workers
+	return w.writeChunk(enc, out, job, hurried)
 }
 
 // writeChunk encodes one chunk, checksums it and writes it at a fresh

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/iotest"
@@ -950,5 +951,99 @@ func TestValidateChunks(t *testing.T) {
 		} else if !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: rejected for another reason: %v", tc.name, err)
 		}
+	}
+}
+
+// TestFillParallel writes a stream of Writes and FillParallels that start
+// and end inside chunks and on their edges, and reads it back: the bytes
+// are the stream's, whichever worker filled them; with 4 workers, fills
+// run at the same time.
+func TestFillParallel(t *testing.T) {
+	data := wtData(9*wtChunk+777, 7)
+	// Pieces of the stream: [0,a) by Write, [a,b) by FillParallel, and so on.
+	cuts := []int{wtChunk / 3, 4*wtChunk + 5, 4*wtChunk + 9, 5 * wtChunk, 8 * wtChunk, len(data)}
+	for _, workers := range []int{1, 4} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "data")
+			w, err := Create(context.Background(), path, WriterOptions{ChunkSize: wtChunk, Method: MethodAuto, Workers: workers})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var running, most atomic.Int32
+			release := make(chan struct{})
+			var releaseOnce sync.Once
+			from := 0
+			for i, to := range cuts {
+				if i%2 == 0 {
+					if _, err := w.Write(data[from:to]); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					base := from
+					err := w.FillParallel(int64(to-from), func(dst []byte, off int64) error {
+						n := running.Add(1)
+						defer running.Add(-1)
+						for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+						}
+						if n >= 2 {
+							releaseOnce.Do(func() { close(release) })
+						}
+						if len(dst) == wtChunk && workers > 1 {
+							// Hold a whole chunk's fill until another runs
+							// beside it, or a while has passed.
+							select {
+							case <-release:
+							case <-time.After(2 * time.Second):
+							}
+						}
+						copy(dst, data[base+int(off):])
+						return nil
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				from = to
+			}
+			if w.Offset() != int64(len(data)) {
+				t.Fatalf("Offset = %d, want %d", w.Offset(), len(data))
+			}
+			res, err := w.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := wtRead(t, path, res.Chunks, workers)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, data) {
+				t.Fatalf("read back %d bytes that differ from the %d written", len(got), len(data))
+			}
+			if workers > 1 && most.Load() < 2 {
+				t.Errorf("at most %d fills ran at once with %d workers", most.Load(), workers)
+			}
+		})
+	}
+}
+
+// TestFillParallelError: a worker's fill error fails the stream; Close
+// reports it.
+func TestFillParallelError(t *testing.T) {
+	w, err := Create(context.Background(), filepath.Join(t.TempDir(), "data"), WriterOptions{ChunkSize: wtChunk, Workers: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := errors.New("page 17 could not be read")
+	err = w.FillParallel(6*wtChunk, func(dst []byte, off int64) error {
+		if off == 3*wtChunk {
+			return bad
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, bad) {
+		t.Fatalf("FillParallel: %v", err)
+	}
+	if _, err := w.Close(); !errors.Is(err, bad) {
+		t.Fatalf("Close = %v, want the fill's error", err)
 	}
 }
