@@ -185,11 +185,25 @@ func matching(dir string, match func(string) bool) ([]string, error) {
 // directory's files; a file of the same name there is an error. Stream
 // must not run at the same time as Follow, AddDir or another Stream.
 func (k *Packer) Stream(name string, r io.Reader) error {
+	return k.stream(name, func() (int64, error) { return k.w.ReadFrom(r) })
+}
+
+// StreamFill stores n bytes that fill writes, as Stream stores a reader's:
+// the writer's workers fill whole chunks at the same time
+// (gdswriter.Writer.FillParallel), so fill must be safe for concurrent
+// use. The bytes may still be filling when it returns; Close waits for
+// them and fails if fill did.
+func (k *Packer) StreamFill(name string, n int64, fill func(dst []byte, off int64) error) error {
+	return k.stream(name, func() (int64, error) { return n, k.w.FillParallel(n, fill) })
+}
+
+// stream stores what put adds to the writer as the file name.
+func (k *Packer) stream(name string, put func() (int64, error)) error {
 	if !catalog.ValidEntryPath(name) {
 		return fmt.Errorf("%w %s: name cannot be stored", ErrSource, name)
 	}
 	e := catalog.Entry{Path: name, Type: catalog.EntryFile, Offset: k.w.Offset(), Mode: 0o600}
-	n, err := k.w.ReadFrom(r)
+	n, err := put()
 	if err != nil {
 		return err
 	}

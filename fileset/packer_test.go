@@ -140,6 +140,14 @@ func TestPackerStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// pages-3.img is filled by the writer's workers, a chunk each.
+	pages3 := randBytes(7*gdswriter.DefaultChunkSize+4321, 6)
+	if err := k.StreamFill("pages-3.img", int64(len(pages3)), func(dst []byte, off int64) error {
+		copy(dst, pages3[off:])
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	for name, data := range map[string][]byte{"pages-1.img": pages1, "pages-2.img": pages2} {
 		r, w, err := os.Pipe()
 		if err != nil {
@@ -162,7 +170,7 @@ func TestPackerStream(t *testing.T) {
 		}
 	}
 	_, out := commitAndUnpack(t, s, k, p, dir)
-	for name, want := range map[string][]byte{"pages-1.img": pages1, "pages-2.img": pages2, "core-1.img": []byte("core")} {
+	for name, want := range map[string][]byte{"pages-1.img": pages1, "pages-2.img": pages2, "pages-3.img": pages3, "core-1.img": []byte("core")} {
 		got, err := os.ReadFile(filepath.Join(out, name))
 		if err != nil || !bytes.Equal(got, want) {
 			t.Errorf("%s: %d bytes back, want %d (%v)", name, len(got), len(want), err)
