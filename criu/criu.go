@@ -171,6 +171,12 @@ type Options struct {
 	// restore takes none. Neither runs inside other namespaces
 	// (NamespacesOf).
 	Stream bool `json:"stream,omitempty"`
+	// LazyPages (streamed dumps only) has CRIU leave the contents of the
+	// tree's private anonymous memory out of its pages images (`criu dump
+	// --lazy-pages`, its lazy-page server given a socket whose other end
+	// is already closed, so it ends at once): the post-dump hook, run with
+	// the tree frozen, copies those pages itself (CopyLazyPages).
+	LazyPages bool `json:"lazy_pages,omitempty"`
 }
 
 // InheritFD replaces, on restore, the outside resource CRIU's images name
@@ -313,6 +319,9 @@ func MakeDirs(root string) (images, work string, err error) {
 func Dump(o Options, pid int, imagesDir, workDir string, hooks Hooks) error {
 	if o.Stream {
 		return dumpStreamed(o, pid, imagesDir, workDir, hooks)
+	}
+	if o.LazyPages {
+		return errors.New("criu dump: lazy pages need a streamed dump")
 	}
 	return run("dump", o, imagesDir, workDir, DumpLog, hooks, func(c *gocriu.Criu, opts *rpc.CriuOpts, n gocriu.Notify) error {
 		opts.Pid = proto.Int32(int32(pid))

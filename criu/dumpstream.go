@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -54,8 +55,21 @@ func dumpStreamed(o Options, pid int, imagesDir, workDir string, hooks Hooks) er
 	if o.LeaveRunning {
 		args = append(args, "--leave-running")
 	}
+	var extra []*os.File
+	if o.LazyPages {
+		sock, err := closedSocket()
+		if err != nil {
+			return fmt.Errorf("criu dump: %w", err)
+		}
+		defer sock.Close()
+		extra = append(extra, sock)
+		args = append(args, "--lazy-pages", "--ps-socket", "3")
+		// CRIU holds every lazy page in its page pipes until it ends: at
+		// 3.2 MiB a pipe, 640 descriptors per GiB of memory.
+		raiseOpenFileLimit()
+	}
 	args = append(args, o.commandLineFlags()...)
-	runErr := runCommandLine(path, args, nil, []string{hookEnv + "=" + hs.path}, workDir)
+	runErr := runCommandLine(path, args, extra, []string{hookEnv + "=" + hs.path}, workDir)
 	logPath := filepath.Join(workDir, DumpLog)
 	// A hook's own error is the cause; CRIU's error lines would only say
 	// that its action script failed.
@@ -66,6 +80,31 @@ func dumpStreamed(o Options, pid int, imagesDir, workDir string, hooks Hooks) er
 		return &Error{Op: "dump", Err: runErr, Log: logPath, Excerpt: ErrorLines(logPath, 6)}
 	}
 	return nil
+}
+
+// closedSocket is one end of a stream socket pair whose other end is
+// closed: CRIU's lazy-page server (page_server_serve), given it with
+// --ps-socket, reads its end at once and returns without serving.
+func closedSocket() (*os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socketpair: %w", err)
+	}
+	unix.Close(fds[1])
+	return os.NewFile(uintptr(fds[0]), "lazy-pages socket"), nil
+}
+
+// raiseOpenFileLimit sets this process's soft limit on open files to its
+// hard limit, for CRIU to inherit: CRIU raises its own only where it may
+// go past the hard limit (CAP_SYS_RESOURCE). Go raises the soft limit of
+// a program by itself but gives its children the limit it started with,
+// unless the program sets the limit itself, as here.
+func raiseOpenFileLimit() {
+	var lim syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
+		lim.Cur = lim.Max
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	}
 }
 
 // actionScriptName is the action script a streamed dump writes into its

@@ -1,0 +1,172 @@
+package criu
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+)
+
+// lpMap maps pages of private anonymous memory in this process, filled
+// with random bytes; with prot PROT_NONE, they are then made inaccessible.
+func lpMap(t *testing.T, pages int, prot int, seed uint64) ([]byte, uint64, []byte) {
+	t.Helper()
+	mem, err := unix.Mmap(-1, 0, pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(seed, seed))
+	for i := range mem {
+		mem[i] = byte(r.Uint32())
+	}
+	want := bytes.Clone(mem)
+	if prot != unix.PROT_READ|unix.PROT_WRITE {
+		if err := unix.Mprotect(mem, prot); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	return mem, uint64(uintptr(unsafe.Pointer(&mem[0]))), want
+}
+
+// TestCopyLazyPages builds the images of a lazy dump of this very process
+// (a pagemap whose lazy entries point into memory it holds, some of it
+// inaccessible, and a pages image with the pages "CRIU wrote"), and reads
+// the complete image back in pieces of every size from several goroutines:
+// it is CRIU's pages and the memory, in the pagemap's order; the pagemap
+// now marks the lazy pages present.
+func TestCopyLazyPages(t *testing.T) {
+	_, buf, bufWant := lpMap(t, 8, unix.PROT_READ|unix.PROT_WRITE, 1)
+	_, hidden, hiddenWant := lpMap(t, 2, unix.PROT_NONE, 2)
+	written := make([]byte, 3*PageSize)
+	for i := range written {
+		written[i] = byte(i*7 + 3)
+	}
+	dir := t.TempDir()
+	pid := os.Getpid()
+	entry := func(vaddr uint64, pages, flags uint32) *PagemapEntry {
+		return &PagemapEntry{Vaddr: proto.Uint64(vaddr), NrPages: proto.Uint32(pages), Flags: proto.Uint32(flags)}
+	}
+	pm := &Pagemap{PagesID: 5, Entries: []*PagemapEntry{
+		entry(0x10000, 2, PagePresent),
+		entry(buf+PageSize, 3, PageLazy),
+		entry(0x40000, 1, 0), // no contents
+		entry(hidden, 2, PageLazy),
+		entry(0x50000, 1, PagePresent|PageLazy),
+		entry(buf+6*PageSize, 1, PageLazy),
+	}}
+	pagemapPath := filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid))
+	if err := WritePagemap(pagemapPath, pm); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pages-5.img"), written, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := CopyLazyPages(dir, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	want := bytes.Join([][]byte{written[:2*PageSize], bufWant[PageSize : 4*PageSize], hiddenWant, written[2*PageSize:], bufWant[6*PageSize : 7*PageSize]}, nil)
+	if c.Name != "pages-5.img" || c.Written != filepath.Join(dir, "pages-5.img") {
+		t.Errorf("Name %q, Written %q", c.Name, c.Written)
+	}
+	if c.Size() != int64(len(want)) || c.Lazy() != 6*PageSize {
+		t.Fatalf("Size %d, Lazy %d; want %d and %d", c.Size(), c.Lazy(), len(want), 6*PageSize)
+	}
+	got := make([]byte, len(want))
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for off, piece := 0, 1; off < len(want); off, piece = off+piece, piece*3+100 {
+		piece = min(piece, len(want)-off)
+		wg.Add(1)
+		go func(off, piece int) {
+			defer wg.Done()
+			errs <- c.ReadAt(got[off:off+piece], int64(off))
+		}(off, piece)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(got, want) {
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("the complete image differs first at byte %d (page %d)", i, i/PageSize)
+			}
+		}
+	}
+	if err := c.ReadAt(make([]byte, 10), c.Size()-5); err == nil {
+		t.Error("a read past the image's end succeeded")
+	}
+
+	after, err := ReadPagemap(pagemapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantFlags := []uint32{PagePresent, PagePresent | PageLazy, 0, PagePresent | PageLazy, PagePresent | PageLazy, PagePresent | PageLazy}
+	for i, e := range after.Entries {
+		if e.GetFlags() != wantFlags[i] || e.GetVaddr() != pm.Entries[i].GetVaddr() || e.GetNrPages() != pm.Entries[i].GetNrPages() {
+			t.Errorf("entry %d after: %v; want flags %d", i, e, wantFlags[i])
+		}
+	}
+}
+
+// TestCopyLazyPagesRefuses: a pages image that does not hold what the
+// pagemap says CRIU wrote, pages in a parent image, and a process that is
+// gone are errors.
+func TestCopyLazyPagesRefuses(t *testing.T) {
+	_, buf, _ := lpMap(t, 2, unix.PROT_READ|unix.PROT_WRITE, 3)
+	setup := func(t *testing.T, pid int, written int, entries ...*PagemapEntry) string {
+		dir := t.TempDir()
+		if err := WritePagemap(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid)), &Pagemap{PagesID: 1, Entries: entries}); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), make([]byte, written), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	present := &PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(2), Flags: proto.Uint32(PagePresent)}
+	lazy := &PagemapEntry{Vaddr: proto.Uint64(buf), NrPages: proto.Uint32(2), Flags: proto.Uint32(PageLazy)}
+
+	dir := setup(t, os.Getpid(), PageSize, present, lazy)
+	if _, err := CopyLazyPages(dir, os.Getpid()); err == nil || !strings.Contains(err.Error(), "holds 4096 bytes; its pagemap lists 8192") {
+		t.Errorf("short pages image: %v", err)
+	}
+	parent := &PagemapEntry{Vaddr: proto.Uint64(0x9000), NrPages: proto.Uint32(1), Flags: proto.Uint32(PageInParent)}
+	dir = setup(t, os.Getpid(), 2*PageSize, present, parent)
+	if _, err := CopyLazyPages(dir, os.Getpid()); err == nil || !strings.Contains(err.Error(), "parent image") {
+		t.Errorf("pages in a parent image: %v", err)
+	}
+	if _, err := CopyLazyPages(t.TempDir(), os.Getpid()); err == nil {
+		t.Error("no pagemap: no error")
+	}
+
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	gone := cmd.Process.Pid
+	dir = setup(t, gone, 0, lazy)
+	c, err := CopyLazyPages(dir, gone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.ReadAt(make([]byte, PageSize), 0); err == nil || !strings.Contains(err.Error(), fmt.Sprint(gone)) {
+		t.Errorf("reading a process that is gone: %v", err)
+	}
+}
