@@ -1,10 +1,12 @@
 // Package checkpoint is the whole-process checkpoint state machine: it finds
 // the process tree and has CRIU dump it, taking its images as CRIU hands
-// them over (a streamed dump: the memory images go through pipes straight
-// into the store, the small images into a scratch directory in RAM), and,
-// while the tree is still frozen, finishes storing them (compressed,
-// checksummed, durable) and commits them. Only then does CRIU kill the
-// tree (or resume it, with LeaveRunning). If anything fails before the
+// them over (a streamed dump, into a scratch directory in RAM), and, while
+// the tree is still frozen, copies the tree's private anonymous memory,
+// which CRIU left out of them (lazy pages), from the processes on every
+// core, stores it all (compressed, checksummed, durable) and commits it.
+// Only then does CRIU kill the tree (or resume it, with LeaveRunning).
+// With CRIUWritesPages, CRIU writes all of the memory itself, through
+// pipes straight into the store. If anything fails before the
 // commit, including stasis being killed, CRIU resumes the tree: a failed
 // checkpoint never leaves the job stopped or dead. A tree in a PID
 // namespace of its own is dumped by CRIU run inside that namespace, into
@@ -19,6 +21,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -45,9 +48,18 @@ type Options struct {
 	// durable commit follow while it runs. The checkpoint is listed only
 	// once it is durable; if storing fails, there is no checkpoint and the
 	// job runs on. Fast implies LeaveRunning.
-	Fast   bool
-	CRIU   criu.Options
-	Writer gdswriter.WriterOptions
+	Fast bool
+	// CRIUWritesPages has CRIU write all of the tree's memory into the
+	// images itself, as `criu dump` does. Otherwise CRIU writes only the
+	// pages it must (stacks, changed pages of file mappings) and, while
+	// the tree is frozen, stasis copies its private anonymous memory from
+	// the processes, on every core (criu.Options.LazyPages). Fast mode,
+	// a tree in a PID namespace of its own, and an open-file limit too low
+	// for CRIU's page pipes (criu.LazyPagesFit) always have CRIU write
+	// them.
+	CRIUWritesPages bool
+	CRIU            criu.Options
+	Writer          gdswriter.WriterOptions
 	// LockTimeout bounds the wait for a GPU process's submitted work when
 	// it is locked; DefaultLockTimeout when zero.
 	LockTimeout time.Duration
@@ -92,8 +104,12 @@ type Result struct {
 	ImagesInRAM                                                        bool
 	// Backlog and Commit divide Store (when not Fast): storing what
 	// was left of the memory images when CRIU had dumped them all, then
-	// the small images, the data file's flush and the catalog's commit.
+	// the copy of the memory CRIU left out (CopiedPages), the small
+	// images, the data file's flush and the catalog's commit.
 	Backlog, Commit time.Duration
+	// CopiedPages is how many bytes of the tree's memory stasis copied
+	// itself rather than CRIU (Options.CRIUWritesPages).
+	CopiedPages int64
 }
 
 // Run checkpoints the process tree rooted at o.PID into s.
@@ -243,9 +259,13 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			meta.GPU = &inside
 		}
 	}
+	// Whether stasis copies the memory pages itself, after CRIU's dump,
+	// with the tree frozen (then nothing comes through CRIU's pipes that
+	// a backlog would help with).
+	copyPages := !o.Fast && !nested && !o.CRIUWritesPages && criu.LazyPagesFit(rss)
 	w := o.Writer
 	w.Progress = o.Progress
-	if w.Backlog == 0 {
+	if w.Backlog == 0 && !copyPages {
 		// The memory images come in faster than the disk takes what
 		// does not compress: let them run ahead into memory (a quarter
 		// of what is available, at most maxBacklog) while the disk
@@ -271,12 +291,15 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	case o.Fast:
 	case !nested:
 		o.CRIU.Stream = true
+		o.CRIU.LazyPages = copyPages
 		var packing sync.Mutex
 		capture, err := criu.CaptureImages(images, func(name string, r io.Reader) error {
 			// One memory image at a time goes straight into the data
 			// file; the other images (and a second memory image CRIU
-			// writes at the same time, if it ever does) go to files.
-			if IsPagesImage(name) && packing.TryLock() {
+			// writes at the same time, if it ever does) go to files. When
+			// stasis copies the pages, CRIU's memory images are small and
+			// go to files too, to be completed (copyLazyPages).
+			if IsPagesImage(name) && !copyPages && packing.TryLock() {
 				defer packing.Unlock()
 				return packer.Stream(name, r)
 			}
@@ -322,8 +345,13 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			if o.Fast {
 				return nil
 			}
-			// The tree waits, frozen, for what is left to be stored.
-			packer.Hurry()
+			// The tree waits, frozen, for what is left to be stored: the
+			// last chunks take a faster codec (once the copy of the
+			// memory is under way, with those of its chunks that are
+			// encoded last).
+			if !copyPages {
+				packer.Hurry()
+			}
 			meta.MappedFiles = hasher.Describe(frozenFiles)
 			MarkSharedWritable(meta.MappedFiles, frozenShared)
 			t := time.Now()
@@ -332,6 +360,21 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			}
 			res.Backlog = time.Since(t)
 			t = time.Now()
+			if copyPages {
+				copies, err := copyLazyPages(packer, images)
+				defer func() {
+					for _, c := range copies {
+						c.Close()
+					}
+				}()
+				if err != nil {
+					return err
+				}
+				for _, c := range copies {
+					res.CopiedPages += c.Lazy()
+				}
+				packer.Hurry()
+			}
 			rec, err := commit(pending, packer, images, work, meta)
 			res.Commit = time.Since(t)
 			if err != nil {
@@ -438,6 +481,40 @@ func commit(p *catalog.Pending, packer *fileset.Packer, images, work string, met
 	}
 	p.Manifest.Meta = raw
 	return p.Commit()
+}
+
+// copyLazyPages stores the complete memory image of each process CRIU
+// dumped with lazy pages (criu.CopyLazyPages: each pagemap-PID.img in
+// images, PID as this namespace sees it), the writer's workers copying
+// its memory, and removes CRIU's own memory images (the pages it wrote
+// are among the stored ones). The tree must stay frozen until the packer
+// is closed; then the caller closes the copies.
+func copyLazyPages(packer *fileset.Packer, images string) ([]*criu.PageCopy, error) {
+	entries, err := os.ReadDir(images)
+	if err != nil {
+		return nil, err
+	}
+	var copies []*criu.PageCopy
+	for _, e := range entries {
+		num, ok := strings.CutPrefix(e.Name(), "pagemap-")
+		num, ok2 := strings.CutSuffix(num, ".img")
+		pid, err := strconv.Atoi(num)
+		if !ok || !ok2 || err != nil || pid <= 0 {
+			continue
+		}
+		c, err := criu.CopyLazyPages(images, pid)
+		if err != nil {
+			return copies, err
+		}
+		copies = append(copies, c)
+		if err := packer.StreamFill(c.Name, c.Size(), c.ReadAt); err != nil {
+			return copies, err
+		}
+		if err := os.Remove(c.Written); err != nil {
+			return copies, err
+		}
+	}
+	return copies, nil
 }
 
 // saveImage writes an image CRIU hands over (or the log) to a new file.

@@ -30,6 +30,7 @@ func processFlags() []ucli.Flag {
 	return append([]ucli.Flag{
 		&ucli.DurationFlag{Name: "gpu-lock-timeout", Value: checkpoint.DefaultLockTimeout, Usage: "how long the CUDA lock waits for GPU work already submitted; past it the checkpoint is rolled back"},
 		&ucli.StringFlag{Name: "compress", Value: "auto", Usage: "none, zstd, s2 or auto"},
+		&ucli.StringFlag{Name: "dump-pages", Value: "copy", Usage: "how the memory gets into a process checkpoint: copy (CRIU leaves out the private anonymous memory, which stasis copies from the frozen tree on every core) or criu (CRIU writes all of it, on one thread)"},
 	}, criuFlags()...)
 }
 
@@ -39,8 +40,17 @@ func processOptions(c *ucli.Context) (checkpoint.Options, error) {
 	if err != nil {
 		return checkpoint.Options{}, usagef("--compress: " + err.Error())
 	}
+	var criuWritesPages bool
+	switch c.String("dump-pages") {
+	case "copy":
+	case "criu":
+		criuWritesPages = true
+	default:
+		return checkpoint.Options{}, usagef(fmt.Sprintf("--dump-pages %q: want copy or criu", c.String("dump-pages")))
+	}
 	return checkpoint.Options{
-		LockTimeout: c.Duration("gpu-lock-timeout"),
+		CRIUWritesPages: criuWritesPages,
+		LockTimeout:     c.Duration("gpu-lock-timeout"),
 		CRIU: criu.Options{ShellJob: c.Bool("shell-job"), TCPEstablished: c.Bool("tcp-established"),
 			ExtUnixSockets: c.Bool("ext-unix-sk"), FileLocks: c.Bool("file-locks")},
 		Writer: gdswriter.WriterOptions{Method: method},
@@ -93,7 +103,7 @@ func (e *env) checkpointCommand() *ucli.Command {
 					"record": rec, "hash_seconds": res.Hash.Seconds(), "gpu_lock_seconds": res.GPULock.Seconds(), "gpu_checkpoint_seconds": res.GPUCheckpoint.Seconds(),
 					"dump_seconds": res.Dump.Seconds(), "store_seconds": res.Store.Seconds(), "gpu_resume_seconds": res.GPUResume.Seconds(),
 					"pause_seconds": res.Pause.Seconds(), "store_backlog_seconds": res.Backlog.Seconds(), "commit_seconds": res.Commit.Seconds(),
-					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM,
+					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM, "copied_pages_bytes": res.CopiedPages,
 				}), hookErr)
 			}
 			pause := ""

@@ -657,12 +657,14 @@ func waitMemchecks(t *testing.T, out string, from int) int {
 	return 0
 }
 
-// TestRestoreBringsBackEveryKindOfMemory restores a parent and a child
+// TestRestoreBringsBackEveryKindOfMemory checkpoints a parent and a child
 // holding memory of every kind (private anonymous pages random, zero,
 // nearly zero and untouched, shared copy-on-write with the child or
-// rewritten by it; read-only anonymous memory; changed pages of a private
-// file mapping; the heap) in each way the memory can come back, and in a
-// new PID namespace; both processes find every byte as it was.
+// rewritten by it; read-only and inaccessible anonymous memory; changed
+// pages of a private file mapping; the heap) with the memory copied by
+// stasis (as by default) and by CRIU, and restores it in each way the
+// memory can come back, and in a new PID namespace; both processes find
+// every byte as it was.
 func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
 	requireCRIU(t)
 	if _, err := exec.LookPath("python3"); err != nil {
@@ -672,11 +674,35 @@ func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "checks")
 	pid := startDetached(t, "python3", "testdata/memcheck.py", out)
 	from := waitMemchecks(t, out, 0)
-	id := checkpointPID(t, home, pid)
+	copied := func(args ...string) (string, int64) {
+		r := mustRun(t, home, append([]string{"checkpoint", "--json", "--pid", strconv.Itoa(pid)}, args...)...)
+		var rep struct {
+			Record struct {
+				ID string `json:"id"`
+			} `json:"record"`
+			Copied int64 `json:"copied_pages_bytes"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+			t.Fatalf("checkpoint --json printed %q: %v", r.stdout, err)
+		}
+		return rep.Record.ID, rep.Copied
+	}
+	byCRIU, n := copied("--leave-running", "--dump-pages", "criu")
+	if n != 0 {
+		t.Errorf("--dump-pages criu: stasis copied %d bytes of memory", n)
+	}
+	id, n := copied()
+	if n < 2*(16<<20) {
+		t.Errorf("stasis copied %d bytes of memory; the two processes hold more than %d", n, 2*(16<<20))
+	}
 	waitGone(t, pid)
-	for _, args := range [][]string{{"--pages", "fill"}, {"--pages", "stream"}, {"--pages", "unpack"}, {"--new-pidns"}} {
+	for _, args := range [][]string{{"--pages", "fill"}, {"--pages", "stream"}, {"--pages", "unpack"}, {"--new-pidns"}, {"--dump-pages=criu", "--pages", "fill"}} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
-			r := mustRun(t, home, append([]string{"restore", "--json", id}, args...)...)
+			ckpt := id
+			if args[0] == "--dump-pages=criu" {
+				ckpt, args = byCRIU, args[1:]
+			}
+			r := mustRun(t, home, append([]string{"restore", "--json", ckpt}, args...)...)
 			var rep struct {
 				PID    int    `json:"pid"`
 				Pages  string `json:"pages"`

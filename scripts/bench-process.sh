@@ -3,16 +3,20 @@
 # process, in one run: a Python process holding SIZE MiB of anonymous memory,
 # half random and half zeros, that counts into a file every 20 ms.
 #
-#   scripts/bench-process.sh [-s MiB]... [-r ROUNDS] [-d DIR]   (root; after make)
+#   scripts/bench-process.sh [-s MiB]... [-r ROUNDS] [-d DIR] [-C]   (root; after make)
 #
 # By hand: `criu dump --leave-running -D DIR/by-hand` (the images land in the
 # page cache), then `sync` to make them durable; `criu restore -d`.
 # stasis: `stasis checkpoint --leave-running` (durable, compressed,
-# checksummed, committed) and `stasis restore` (CRIU restores all but the
+# checksummed, committed; stasis copies the private anonymous memory from
+# the frozen tree itself), the same with `--dump-pages criu` (CRIU writes
+# all of the memory, streamed into the store), and `stasis restore` (CRIU
+# restores all but the
 # private anonymous memory, which stasis writes into the tree from every
 # core), `stasis restore --pages stream` (memory images streamed to CRIU as
 # they are verified) and `stasis restore --verify-first` (every image
-# unpacked and verified before CRIU runs). Restores start from a cold
+# unpacked and verified before CRIU runs; -C leaves these two out). Restores
+# start from a cold
 # page cache (drop_caches) on both sides. Each round measures both sides,
 # in alternating order; the best time of each over the rounds is reported.
 # Prints one JSON object per size.
@@ -22,12 +26,14 @@ cd "$(dirname "$0")/.."
 sizes=()
 rounds=3
 dir=/var/tmp/stasis-bench-process
-while getopts "s:r:d:" opt; do
+restore_variants=1
+while getopts "s:r:d:C" opt; do
 	case $opt in
 	s) sizes+=("$OPTARG") ;;
 	r) rounds=$OPTARG ;;
 	d) dir=$OPTARG ;;
-	*) echo "usage: $0 [-s MiB]... [-r ROUNDS] [-d DIR]" >&2; exit 2 ;;
+	C) restore_variants=0 ;;
+	*) echo "usage: $0 [-s MiB]... [-r ROUNDS] [-d DIR] [-C]" >&2; exit 2 ;;
 	esac
 done
 [ ${#sizes[@]} -gt 0 ] || sizes=(1024 8192)
@@ -84,11 +90,24 @@ by_hand_checkpoint() {
 	hand_bytes=$(du -sb "$dir/by-hand" | cut -f1)
 	wait_counting "$dir/count"
 }
-stasis_checkpoint() {
+clear_store() {
 	"$stasis" gc >/dev/null
 	for old in $("$stasis" ls --json | python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.load(sys.stdin)))'); do
 		"$stasis" rm "$old" >/dev/null
 	done
+}
+# stasis's checkpoint with CRIU writing all of the memory.
+stasis_checkpoint_criu_pages() {
+	clear_store
+	cold
+	local t
+	t=$(now)
+	"$stasis" checkpoint --pid "$pid" --leave-running --job bench --dump-pages criu >/dev/null
+	stasis_criu_pages+=("$(since "$t")")
+	wait_counting "$dir/count"
+}
+stasis_checkpoint() {
+	clear_store
 	cold
 	local t json
 	t=$(now)
@@ -97,7 +116,7 @@ stasis_checkpoint() {
 	id=$(echo "$json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["record"]["id"])')
 	stored=$(echo "$json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["record"]["stored_bytes"])')
 	stasis_pause+=("$(echo "$json" | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["dump_seconds"]+j["store_seconds"])')")
-	stasis_parts+=("$(echo "$json" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("dump %.3f s, store backlog %.3f s, commit %.3f s" % (j["dump_seconds"], j.get("store_backlog_seconds", 0), j.get("commit_seconds", 0)))')")
+	stasis_parts+=("$(echo "$json" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("dump %.3f s, store backlog %.3f s, commit %.3f s, %d MiB copied by stasis" % (j["dump_seconds"], j.get("store_backlog_seconds", 0), j.get("commit_seconds", 0), j.get("copied_pages_bytes", 0) >> 20))')")
 	wait_counting "$dir/count"
 	disk_floor+=("$(direct_write "$stored" "$dir/direct-write")")
 }
@@ -118,6 +137,10 @@ stasis_restore() {
 	"$stasis" restore "$id" >/dev/null
 	stasis_restore+=("$(since "$t")")
 	wait_counting "$dir/count"
+	if ((!restore_variants)); then
+		stasis_restore_stream+=(0); stasis_restore_vf+=(0)
+		return
+	fi
 	kill -9 "$pid"; wait_gone "$pid"
 	cold
 	t=$(now)
@@ -135,7 +158,7 @@ stasis_restore() {
 mkdir -p "$dir"
 for size in "${sizes[@]}"; do
 	rm -rf "$dir/by-hand" "$STASIS_HOME" "$dir/count"
-	hand_dump=(); hand_sync=(); disk_floor=(); stasis_total=(); stasis_pause=(); hand_restore=(); stasis_restore=(); stasis_parts=(); stasis_restore_stream=(); stasis_restore_vf=()
+	hand_dump=(); hand_sync=(); disk_floor=(); stasis_total=(); stasis_criu_pages=(); stasis_pause=(); hand_restore=(); stasis_restore=(); stasis_parts=(); stasis_restore_stream=(); stasis_restore_vf=()
 	pid=$(sh -c "setsid python3 cli/testdata/memory.py '$dir/count' $size </dev/null >/dev/null 2>&1 & echo \$!")
 	until [ -s "$dir/count" ]; do sleep 0.1; done
 	wait_counting "$dir/count"
@@ -143,18 +166,18 @@ for size in "${sizes[@]}"; do
 		# Both checkpoints of a round image the same running process; the
 		# restores then bring back the by-hand image and stasis's in turn.
 		if ((round % 2 == 0)); then
-			by_hand_checkpoint; stasis_checkpoint; by_hand_restore; stasis_restore
+			by_hand_checkpoint; stasis_checkpoint_criu_pages; stasis_checkpoint; by_hand_restore; stasis_restore
 		else
-			stasis_checkpoint; by_hand_checkpoint; stasis_restore; by_hand_restore
+			stasis_checkpoint; stasis_checkpoint_criu_pages; by_hand_checkpoint; stasis_restore; by_hand_restore
 		fi
-		echo "round $((round + 1)): by hand dump ${hand_dump[-1]} s (+ sync ${hand_sync[-1]} s), raw O_DIRECT write of the stored bytes ${disk_floor[-1]} s, restore ${hand_restore[-1]} s; stasis checkpoint ${stasis_total[-1]} s (${stasis_parts[-1]}), restore ${stasis_restore[-1]} s (--pages stream ${stasis_restore_stream[-1]} s, --verify-first ${stasis_restore_vf[-1]} s)" >&2
+		echo "round $((round + 1)): by hand dump ${hand_dump[-1]} s (+ sync ${hand_sync[-1]} s), raw O_DIRECT write of the stored bytes ${disk_floor[-1]} s, restore ${hand_restore[-1]} s; stasis checkpoint ${stasis_total[-1]} s (${stasis_parts[-1]}), with --dump-pages criu ${stasis_criu_pages[-1]} s, restore ${stasis_restore[-1]} s (--pages stream ${stasis_restore_stream[-1]} s, --verify-first ${stasis_restore_vf[-1]} s)" >&2
 	done
 	kill -9 "$pid"; wait_gone "$pid"
 
-	python3 - "$size" "$(best "${hand_dump[@]}")" "$(best "${hand_sync[@]}")" "$hand_bytes" "$(best "${stasis_total[@]}")" "$(best "${stasis_pause[@]}")" "$stored" "$(best "${hand_restore[@]}")" "$(best "${stasis_restore[@]}")" "$(best "${stasis_restore_stream[@]}")" "$(best "${stasis_restore_vf[@]}")" "$rounds" "$(best "${disk_floor[@]}")" <<'PY'
+	python3 - "$size" "$(best "${hand_dump[@]}")" "$(best "${hand_sync[@]}")" "$hand_bytes" "$(best "${stasis_total[@]}")" "$(best "${stasis_pause[@]}")" "$stored" "$(best "${hand_restore[@]}")" "$(best "${stasis_restore[@]}")" "$(best "${stasis_restore_stream[@]}")" "$(best "${stasis_restore_vf[@]}")" "$rounds" "$(best "${disk_floor[@]}")" "$(best "${stasis_criu_pages[@]}")" <<'PY'
 import json, sys
-size, hd, hs, hb, st, sp, sb, hr, sr, ss, svf, rounds, df = sys.argv[1:]
-hd, hs, st, sp, hr, sr, ss, svf, df = map(float, (hd, hs, st, sp, hr, sr, ss, svf, df))
+size, hd, hs, hb, st, sp, sb, hr, sr, ss, svf, rounds, df, scp = sys.argv[1:]
+hd, hs, st, sp, hr, sr, ss, svf, df, scp = map(float, (hd, hs, st, sp, hr, sr, ss, svf, df, scp))
 hb, sb = int(hb), int(sb)
 print(json.dumps({
     "memory_mib": int(size), "rounds": int(rounds),
@@ -162,15 +185,19 @@ print(json.dumps({
     "stasis_checkpoint_s": round(st, 3), "stasis_frozen_s": round(sp, 3), "stasis_stored_bytes": sb,
     "checkpoint_vs_by_hand_dump": round(st / hd, 3),
     "checkpoint_vs_by_hand_dump_sync": round(st / (hd + hs), 3),
+    "stasis_checkpoint_criu_pages_s": round(scp, 3),
+    "criu_pages_vs_by_hand_dump": round(scp / hd, 3),
     "stored_vs_by_hand_image": round(sb / hb, 3),
     "disk_floor_s": round(df, 3),
     "disk_floor_vs_by_hand_dump": round(df / hd, 3),
     "by_hand_restore_s": round(hr, 3), "stasis_restore_s": round(sr, 3),
     "restore_vs_by_hand": round(sr / hr, 3),
-    "stasis_restore_streamed_s": round(ss, 3),
-    "restore_streamed_vs_by_hand": round(ss / hr, 3),
-    "stasis_restore_verify_first_s": round(svf, 3),
-    "restore_verify_first_vs_by_hand": round(svf / hr, 3),
+    **({
+        "stasis_restore_streamed_s": round(ss, 3),
+        "restore_streamed_vs_by_hand": round(ss / hr, 3),
+        "stasis_restore_verify_first_s": round(svf, 3),
+        "restore_verify_first_vs_by_hand": round(svf / hr, 3),
+    } if ss > 0 else {}),
 }))
 PY
 done

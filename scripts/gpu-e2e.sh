@@ -19,7 +19,7 @@ echo "== $(nvidia-smi -L | head -1); $gib GiB of GPU memory per workload"
 log=$dir/leave.log; pid=$(start "$log")
 out=$("$stasis" checkpoint --pid "$pid" --leave-running --json 2>&1)
 if [ $? -eq 0 ] && healthy "$log"; then
-	pass leave-running "$(echo "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("pause %.2f s (lock %.3f, cuda checkpoint %.2f, dump %.2f, store %.2f, cuda resume %.2f), stored %.2f GB of %.2f GB" % (j["pause_seconds"], j["gpu_lock_seconds"], j["gpu_checkpoint_seconds"], j["dump_seconds"], j["store_seconds"], j["gpu_resume_seconds"], j["record"]["stored_bytes"]/1e9, j["record"]["bytes"]/1e9))')"
+	pass leave-running "$(echo "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("pause %.2f s (lock %.3f, cuda checkpoint %.2f, dump %.2f, store %.2f, cuda resume %.2f), stored %.2f GB of %.2f GB, %.2f GB of memory copied by stasis" % (j["pause_seconds"], j["gpu_lock_seconds"], j["gpu_checkpoint_seconds"], j["dump_seconds"], j["store_seconds"], j["gpu_resume_seconds"], j["record"]["stored_bytes"]/1e9, j["record"]["bytes"]/1e9, j.get("copied_pages_bytes", 0)/1e9))')"
 else
 	fail leave-running "$out; $(tail -2 "$log")"
 fi

@@ -7,6 +7,8 @@
 #   child rewrites part of it after the fork (the rest it shares, copy on
 #   write, with the parent);
 # - readonly: 1 MiB of private anonymous memory made read-only;
+# - hidden: 256 KiB of private anonymous memory made inaccessible
+#   (PROT_NONE), which each check opens to read and closes again;
 # - file: a private mapping of a file, two of its pages changed (so their
 #   copies are anonymous pages of a file mapping);
 # - heap: 8 MiB in a bytearray.
@@ -20,6 +22,7 @@ import time
 
 out = sys.argv[1]
 PAGE = 4096
+PROT_NONE = 0
 rnd = random.Random(os.getpid())
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -41,6 +44,20 @@ if libc.mprotect(ctypes.addressof(view), len(readonly), mmap.PROT_READ) != 0:
     sys.exit("mprotect: errno %d" % ctypes.get_errno())
 del view
 
+hidden = mmap.mmap(-1, 256 << 10, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+hidden[:] = rnd.randbytes(len(hidden))
+view = ctypes.c_char.from_buffer(hidden)
+hidden_addr = ctypes.addressof(view)
+del view
+
+
+def protect_hidden(prot):
+    if libc.mprotect(hidden_addr, len(hidden), prot) != 0:
+        sys.exit("mprotect: errno %d" % ctypes.get_errno())
+
+
+protect_hidden(PROT_NONE)
+
 with open(out + ".file", "wb") as f:
     f.write(rnd.randbytes(1 << 20))
 with open(out + ".file", "r+b") as f:
@@ -61,7 +78,11 @@ regions = {"anon": anon, "readonly": readonly, "file": file, "heap": heap}
 
 
 def digests():
-    return {name: hashlib.sha256(r[:]).hexdigest() for name, r in regions.items()}
+    d = {name: hashlib.sha256(r[:]).hexdigest() for name, r in regions.items()}
+    protect_hidden(mmap.PROT_READ)
+    d["hidden"] = hashlib.sha256(hidden[:]).hexdigest()
+    protect_hidden(PROT_NONE)
+    return d
 
 
 want = digests()
