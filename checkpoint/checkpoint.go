@@ -1,12 +1,12 @@
 // Package checkpoint is the whole-process checkpoint state machine: it finds
 // the process tree and has CRIU dump it, taking its images as CRIU hands
-// them over (a streamed dump, into a scratch directory in RAM), and, while
-// the tree is still frozen, copies the tree's private anonymous memory,
-// which CRIU left out of them (lazy pages), from the processes on every
-// core, stores it all (compressed, checksummed, durable) and commits it.
-// Only then does CRIU kill the tree (or resume it, with LeaveRunning).
-// With CRIUWritesPages, CRIU writes all of the memory itself, through
-// pipes straight into the store. If anything fails before the
+// them over (a streamed dump: the memory images go through pipes straight
+// into the store, the small images into a scratch directory in RAM), and,
+// while the tree is still frozen, finishes storing them (compressed,
+// checksummed, durable) and commits them. Only then does CRIU kill the
+// tree (or resume it, with LeaveRunning). With CopyPages, CRIU leaves the
+// private anonymous memory out (lazy pages) and stasis copies it from the
+// frozen processes on every core before the commit. If anything fails before the
 // commit, including stasis being killed, CRIU resumes the tree: a failed
 // checkpoint never leaves the job stopped or dead. A tree in a PID
 // namespace of its own is dumped by CRIU run inside that namespace, into
@@ -49,15 +49,15 @@ type Options struct {
 	// once it is durable; if storing fails, there is no checkpoint and the
 	// job runs on. Fast implies LeaveRunning.
 	Fast bool
-	// CRIUWritesPages has CRIU write all of the tree's memory into the
-	// images itself, as `criu dump` does. Otherwise CRIU writes only the
-	// pages it must (stacks, changed pages of file mappings) and, while
-	// the tree is frozen, stasis copies its private anonymous memory from
-	// the processes, on every core (criu.Options.LazyPages). Fast mode,
-	// a tree in a PID namespace of its own, and an open-file limit too low
-	// for CRIU's page pipes (criu.LazyPagesFit) always have CRIU write
-	// them.
-	CRIUWritesPages bool
+	// CopyPages has CRIU write only the pages it must (stacks, changed
+	// pages of file mappings) and, once CRIU has dumped the tree, with the
+	// tree frozen, stasis copies its private anonymous memory from the
+	// processes on every core (criu.Options.LazyPages). Otherwise CRIU
+	// writes all of the memory itself, on one thread, streamed into the
+	// store as it comes. Fast mode, a tree in a PID namespace of its own,
+	// and an open-file limit too low for CRIU's page pipes
+	// (criu.LazyPagesFit) always have CRIU write it.
+	CopyPages bool
 	CRIU            criu.Options
 	Writer          gdswriter.WriterOptions
 	// LockTimeout bounds the wait for a GPU process's submitted work when
@@ -108,7 +108,7 @@ type Result struct {
 	// images, the data file's flush and the catalog's commit.
 	Backlog, Commit time.Duration
 	// CopiedPages is how many bytes of the tree's memory stasis copied
-	// itself rather than CRIU (Options.CRIUWritesPages).
+	// itself rather than CRIU (Options.CopyPages).
 	CopiedPages int64
 }
 
@@ -118,6 +118,19 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	if o.PID == os.Getpid() {
 		return nil, fmt.Errorf("%w: stasis cannot checkpoint itself", catalog.ErrInvalid)
 	}
+	// CRIU's answer to --version (a cold start of CRIU: tens of
+	// milliseconds) comes while stasis looks at the tree; it is awaited
+	// before anything is locked or frozen.
+	type found struct {
+		path    string
+		version int
+		err     error
+	}
+	resolved := make(chan found, 1)
+	go func() {
+		path, version, err := criu.Resolve(o.CRIU.Path)
+		resolved <- found{path, version, err}
+	}()
 	tree, err := Tree(o.PID)
 	if err != nil {
 		return nil, err
@@ -143,11 +156,6 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		}
 		o.CRIU.NamespacesOf, dumpPID = o.PID, NSPID(o.PID)
 	}
-	criuPath, criuVersion, err := criu.Resolve(o.CRIU.Path)
-	if err != nil {
-		return nil, err
-	}
-	o.CRIU.Path, o.CRIU.Version = criuPath, criuVersion
 	if o.Fast {
 		o.LeaveRunning = true
 	}
@@ -199,6 +207,11 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			pending.Abort()
 		}
 	}()
+	criuFound := <-resolved
+	if criuFound.err != nil {
+		return nil, criuFound.err
+	}
+	o.CRIU.Path, o.CRIU.Version = criuFound.path, criuFound.version
 	res := &Result{Hash: hashTime}
 	pauseStart := time.Now()
 	// gpuOK tells the watchdog, at the end, whether the job's GPU side runs
@@ -244,7 +257,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	}
 	res.ImagesInRAM = scratch.InRAM()
 	meta := Meta{
-		PID: dumpPID, Processes: tree, CRIUVersion: criu.FormatVersion(criuVersion), Kernel: KernelRelease(),
+		PID: dumpPID, Processes: tree, CRIUVersion: criu.FormatVersion(o.CRIU.Version), Kernel: KernelRelease(),
 		LeaveRunning: o.LeaveRunning, ShellJob: o.CRIU.ShellJob, TCPEstablished: o.CRIU.TCPEstablished,
 		ExtUnixSockets: o.CRIU.ExtUnixSockets, FileLocks: o.CRIU.FileLocks, GPU: gpuMeta,
 	}
@@ -262,7 +275,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	// Whether stasis copies the memory pages itself, after CRIU's dump,
 	// with the tree frozen (then nothing comes through CRIU's pipes that
 	// a backlog would help with).
-	copyPages := !o.Fast && !nested && !o.CRIUWritesPages && criu.LazyPagesFit(rss)
+	copyPages := o.CopyPages && !o.Fast && !nested && criu.LazyPagesFit(rss)
 	w := o.Writer
 	w.Progress = o.Progress
 	if w.Backlog == 0 && !copyPages {

@@ -30,7 +30,7 @@ func processFlags() []ucli.Flag {
 	return append([]ucli.Flag{
 		&ucli.DurationFlag{Name: "gpu-lock-timeout", Value: checkpoint.DefaultLockTimeout, Usage: "how long the CUDA lock waits for GPU work already submitted; past it the checkpoint is rolled back"},
 		&ucli.StringFlag{Name: "compress", Value: "auto", Usage: "none, zstd, s2 or auto"},
-		&ucli.StringFlag{Name: "dump-pages", Value: "copy", Usage: "how the memory gets into a process checkpoint: copy (CRIU leaves out the private anonymous memory, which stasis copies from the frozen tree on every core) or criu (CRIU writes all of it, on one thread)"},
+		&ucli.StringFlag{Name: "dump-pages", Value: "criu", Usage: "how the memory gets into a process checkpoint: criu (CRIU writes all of it, on one thread, streamed into the store as it comes) or copy (CRIU leaves out the private anonymous memory, which stasis copies from the frozen tree on every core once CRIU is done)"},
 	}, criuFlags()...)
 }
 
@@ -40,17 +40,17 @@ func processOptions(c *ucli.Context) (checkpoint.Options, error) {
 	if err != nil {
 		return checkpoint.Options{}, usagef("--compress: " + err.Error())
 	}
-	var criuWritesPages bool
+	var copyPages bool
 	switch c.String("dump-pages") {
-	case "copy":
 	case "criu":
-		criuWritesPages = true
+	case "copy":
+		copyPages = true
 	default:
-		return checkpoint.Options{}, usagef(fmt.Sprintf("--dump-pages %q: want copy or criu", c.String("dump-pages")))
+		return checkpoint.Options{}, usagef(fmt.Sprintf("--dump-pages %q: want criu or copy", c.String("dump-pages")))
 	}
 	return checkpoint.Options{
-		CRIUWritesPages: criuWritesPages,
-		LockTimeout:     c.Duration("gpu-lock-timeout"),
+		CopyPages:   copyPages,
+		LockTimeout: c.Duration("gpu-lock-timeout"),
 		CRIU: criu.Options{ShellJob: c.Bool("shell-job"), TCPEstablished: c.Bool("tcp-established"),
 			ExtUnixSockets: c.Bool("ext-unix-sk"), FileLocks: c.Bool("file-locks")},
 		Writer: gdswriter.WriterOptions{Method: method},
