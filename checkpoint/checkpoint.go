@@ -58,8 +58,8 @@ type Options struct {
 	// and an open-file limit too low for CRIU's page pipes
 	// (criu.LazyPagesFit) always have CRIU write it.
 	CopyPages bool
-	CRIU            criu.Options
-	Writer          gdswriter.WriterOptions
+	CRIU      criu.Options
+	Writer    gdswriter.WriterOptions
 	// LockTimeout bounds the wait for a GPU process's submitted work when
 	// it is locked; DefaultLockTimeout when zero.
 	LockTimeout time.Duration
