@@ -119,18 +119,19 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		return nil, fmt.Errorf("%w: stasis cannot checkpoint itself", catalog.ErrInvalid)
 	}
 	// CRIU's answer to --version (a cold start of CRIU: tens of
-	// milliseconds) comes while stasis looks at the tree; it is awaited
-	// before anything is locked or frozen.
+	// milliseconds) comes while stasis looks at the tree and hashes its
+	// files; it is awaited before the GPU side is looked at and before
+	// anything is locked, frozen or begun in the store.
 	type found struct {
 		path    string
 		version int
 		err     error
 	}
 	resolved := make(chan found, 1)
-	go func() {
-		path, version, err := criu.Resolve(o.CRIU.Path)
+	go func(path string) {
+		path, version, err := criu.Resolve(path)
 		resolved <- found{path, version, err}
-	}()
+	}(o.CRIU.Path)
 	tree, err := Tree(o.PID)
 	if err != nil {
 		return nil, err
@@ -175,6 +176,11 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	mapped, _, _ := usedFiles(tree)
 	hasher.Describe(mapped)
 	hashTime := time.Since(hashStart)
+	criuFound := <-resolved
+	if criuFound.err != nil {
+		return nil, criuFound.err
+	}
+	o.CRIU.Path, o.CRIU.Version = criuFound.path, criuFound.version
 	var gpu *gpuSession
 	var gpuMeta *GPUMeta
 	if pids := cudaPIDs(tree); len(pids) > 0 {
@@ -207,11 +213,6 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			pending.Abort()
 		}
 	}()
-	criuFound := <-resolved
-	if criuFound.err != nil {
-		return nil, criuFound.err
-	}
-	o.CRIU.Path, o.CRIU.Version = criuFound.path, criuFound.version
 	res := &Result{Hash: hashTime}
 	pauseStart := time.Now()
 	// gpuOK tells the watchdog, at the end, whether the job's GPU side runs

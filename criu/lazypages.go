@@ -72,9 +72,12 @@ type PageCopy struct {
 	size    int64
 	lazy    int64 // bytes read from memory
 
-	memOnce sync.Once
-	mem     *os.File // /proc/PID/mem, for pages process_vm_readv cannot read
-	memErr  error
+	// mem is /proc/PID/mem, opened for the first page process_vm_readv
+	// cannot read; memMu guards it against Close, which may come while
+	// a writer's workers still read (a failed checkpoint).
+	memMu  sync.Mutex
+	mem    *os.File
+	closed bool
 }
 
 // pagePart is a run of the complete image: from CRIU's pages image at
@@ -198,21 +201,34 @@ func (c *PageCopy) readMemory(dst []byte, vaddr uint64) error {
 }
 
 func (c *PageCopy) readMemoryFile(dst []byte, vaddr uint64) error {
-	c.memOnce.Do(func() {
-		c.mem, c.memErr = os.Open(filepath.Join("/proc", strconv.Itoa(c.pid), "mem"))
-	})
-	if c.memErr != nil {
-		return fmt.Errorf("read the memory of PID %d: %w", c.pid, c.memErr)
+	c.memMu.Lock()
+	if c.closed {
+		c.memMu.Unlock()
+		return fmt.Errorf("read the memory of PID %d: %w", c.pid, os.ErrClosed)
 	}
-	if _, err := c.mem.ReadAt(dst, int64(vaddr)); err != nil {
+	if c.mem == nil {
+		f, err := os.Open(filepath.Join("/proc", strconv.Itoa(c.pid), "mem"))
+		if err != nil {
+			c.memMu.Unlock()
+			return fmt.Errorf("read the memory of PID %d: %w", c.pid, err)
+		}
+		c.mem = f
+	}
+	mem := c.mem
+	c.memMu.Unlock()
+	if _, err := mem.ReadAt(dst, int64(vaddr)); err != nil {
 		return fmt.Errorf("read %d bytes of the memory of PID %d at %#x: %w", len(dst), c.pid, vaddr, err)
 	}
 	return nil
 }
 
-// Close releases the files the copy reads.
+// Close releases the files the copy reads. Reads still under way then
+// fail.
 func (c *PageCopy) Close() error {
 	err := c.written.Close()
+	c.memMu.Lock()
+	defer c.memMu.Unlock()
+	c.closed = true
 	if c.mem != nil {
 		c.mem.Close()
 	}

@@ -170,3 +170,43 @@ func TestCopyLazyPagesRefuses(t *testing.T) {
 		t.Errorf("reading a process that is gone: %v", err)
 	}
 }
+
+// TestCopyLazyPagesClosedWhileRead: Close may come while a writer's
+// workers still read (a failed checkpoint); their reads then fail, and
+// nothing is left open.
+func TestCopyLazyPagesClosedWhileRead(t *testing.T) {
+	_, hidden, _ := lpMap(t, 64, unix.PROT_NONE, 4)
+	dir := t.TempDir()
+	pid := os.Getpid()
+	lazy := &PagemapEntry{Vaddr: proto.Uint64(hidden), NrPages: proto.Uint32(64), Flags: proto.Uint32(PageLazy)}
+	if err := WritePagemap(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid)), &Pagemap{PagesID: 1, Entries: []*PagemapEntry{lazy}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := CopyLazyPages(dir, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				c.ReadAt(make([]byte, PageSize), int64(i*8*PageSize))
+			}
+		}()
+	}
+	c.Close()
+	wg.Wait()
+	if err := c.ReadAt(make([]byte, PageSize), 0); err == nil {
+		t.Error("a read after Close succeeded")
+	}
+	if c.mem != nil {
+		if _, err := c.mem.Stat(); err == nil {
+			t.Error("/proc/PID/mem is still open after Close")
+		}
+	}
+}
