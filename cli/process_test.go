@@ -328,8 +328,17 @@ func TestRestoreRefusesCorruptImages(t *testing.T) {
 			defer os.WriteFile(data, good, 0o600)
 			r := run(t, home, append([]string{"restore", id}, c.args...)...)
 			expectCode(t, r, cli.ExitCorrupt, fmt.Sprintf(`data\.0000: chunk %d at offset \d+: checksum mismatch.*%s`, index, c.errSuffix))
+			// A tree CRIU undid was killed before it ran, but may take a
+			// moment to be gone (its PID is the original's); it never
+			// counted.
+			for deadline := time.Now().Add(10 * time.Second); (alive(pid) || len(running(out)) > 0) && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
 			if alive(pid) || len(running(out)) > 0 {
 				t.Fatalf("the tree runs after a restore from corrupted images (PIDs %v)", append(running(out), pid))
+			}
+			if n := len(counts(t, out)); n != atDump {
+				t.Fatalf("the tree counted after a restore from corrupted images: %d counts, %d at the dump", n, atDump)
 			}
 			after, _ := filepath.Glob(filepath.Join(home, "logs", "*restore.log"))
 			if ran := len(after) > len(logs); ran != c.criuRan {
