@@ -21,7 +21,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -498,23 +497,21 @@ func commit(p *catalog.Pending, packer *fileset.Packer, images, work string, met
 }
 
 // copyLazyPages stores the complete memory image of each process CRIU
-// dumped with lazy pages (criu.CopyLazyPages: each pagemap-PID.img in
-// images, PID as this namespace sees it), the writer's workers copying
-// its memory, and removes CRIU's own memory images (the pages it wrote
-// are among the stored ones). The tree must stay frozen until the packer
-// is closed; then the caller closes the copies.
+// dumped with lazy pages (criu.CopyLazyPages; the processes of its
+// pstree.img, as restore's fill plan finds them, PIDs as this namespace
+// sees them), the writer's workers copying its memory, and removes CRIU's
+// own memory images (the pages it wrote are among the stored ones). The
+// tree must stay frozen until the packer is closed; then the caller
+// closes the copies.
 func copyLazyPages(packer *fileset.Packer, images string) ([]*criu.PageCopy, error) {
-	entries, err := os.ReadDir(images)
+	pids, err := criu.ReadPstree(filepath.Join(images, "pstree.img"))
 	if err != nil {
 		return nil, err
 	}
 	var copies []*criu.PageCopy
-	for _, e := range entries {
-		num, ok := strings.CutPrefix(e.Name(), "pagemap-")
-		num, ok2 := strings.CutSuffix(num, ".img")
-		pid, err := strconv.Atoi(num)
-		if !ok || !ok2 || err != nil || pid <= 0 {
-			continue
+	for _, pid := range pids {
+		if _, err := os.Stat(filepath.Join(images, fmt.Sprintf("pagemap-%d.img", pid))); errors.Is(err, os.ErrNotExist) {
+			continue // a zombie has no memory
 		}
 		c, err := criu.CopyLazyPages(images, pid)
 		if err != nil {
