@@ -60,28 +60,15 @@ func (w *Writer) UseDevice(io DeviceIO) error {
 // device memory; the rest goes through fill into chunk buffers, as Fill
 // does. The device memory must not change until Close returns.
 func (w *Writer) FillDevice(n int64, base uintptr, fill func(dst []byte, off int64) error) error {
-	chunk := int64(w.opts.ChunkSize)
-	for off := int64(0); off < n; {
-		if w.dev == nil || w.curLen != 0 || n-off < chunk {
-			piece := min(chunk-int64(w.curLen), n-off)
-			if err := w.Fill(piece, func(dst []byte, at int64) error { return fill(dst, off+at) }); err != nil {
-				return err
-			}
-			off += piece
-			continue
-		}
-		if w.done {
-			return errors.New("gdswriter: write after Close or Abort")
-		}
-		if err := w.failure(); err != nil {
-			return err
-		}
-		w.jobs <- writeJob{index: w.next, device: &DeviceSpan{Base: base, Offset: off, Len: chunk}, n: int(chunk)}
-		w.next++
-		w.rawSize += chunk
-		off += chunk
+	if w.dev == nil {
+		return w.Fill(n, fill)
 	}
-	return nil
+	return w.fillChunks(n, fill, func(off int64) (writeJob, error) {
+		if err := w.writable(); err != nil {
+			return writeJob{}, err
+		}
+		return writeJob{device: &DeviceSpan{Base: base, Offset: off, Len: int64(w.opts.ChunkSize)}}, nil
+	})
 }
 
 // writeDeviceChunk writes one whole chunk straight from device memory at

@@ -239,6 +239,23 @@ func (w *Writer) Fill(n int64, fill func(dst []byte, off int64) error) error {
 // the other pieces may still be filling then: Close waits for them, and
 // reports fill's first error.
 func (w *Writer) FillParallel(n int64, fill func(dst []byte, off int64) error) error {
+	return w.fillChunks(n, fill, func(off int64) (writeJob, error) {
+		if err := w.fillBuffer(); err != nil {
+			return writeJob{}, err
+		}
+		buf := w.cur
+		w.cur = nil
+		return writeJob{buf: buf, fill: func(dst []byte) error { return fill(dst, off) }}, nil
+	})
+}
+
+// fillChunks adds n bytes to the stream: each whole chunk among them that
+// starts on a chunk boundary of the stream is the job that whole makes for
+// it (given the chunk's offset within the n bytes), queued for a worker;
+// the rest (a piece completing a chunk already begun, a last piece short
+// of a chunk) goes through fill into the chunk buffer at hand, as Fill
+// does.
+func (w *Writer) fillChunks(n int64, fill func(dst []byte, off int64) error, whole func(off int64) (writeJob, error)) error {
 	chunk := int64(w.opts.ChunkSize)
 	for off := int64(0); off < n; {
 		if w.curLen != 0 || n-off < chunk {
@@ -249,13 +266,13 @@ func (w *Writer) FillParallel(n int64, fill func(dst []byte, off int64) error) e
 			off += piece
 			continue
 		}
-		if err := w.fillBuffer(); err != nil {
+		job, err := whole(off)
+		if err != nil {
 			return err
 		}
-		at := off
-		w.jobs <- writeJob{index: w.next, buf: w.cur, n: int(chunk), fill: func(dst []byte) error { return fill(dst, at) }}
+		job.index, job.n = w.next, int(chunk)
+		w.jobs <- job
 		w.next++
-		w.cur = nil
 		w.rawSize += chunk
 		off += chunk
 	}
@@ -301,10 +318,7 @@ func (w *Writer) WriteShared(p []byte) error {
 			p = p[n:]
 			continue
 		}
-		if w.done {
-			return errors.New("gdswriter: write after Close or Abort")
-		}
-		if err := w.failure(); err != nil {
+		if err := w.writable(); err != nil {
 			return err
 		}
 		w.jobs <- writeJob{index: w.next, shared: p[:w.opts.ChunkSize], n: w.opts.ChunkSize}
@@ -315,12 +329,18 @@ func (w *Writer) WriteShared(p []byte) error {
 	return nil
 }
 
-// fillBuffer makes sure a chunk buffer with free room is at hand.
-func (w *Writer) fillBuffer() error {
+// writable says why the stream takes no more bytes: Close or Abort came,
+// or the writer failed; nil when it does.
+func (w *Writer) writable() error {
 	if w.done {
 		return errors.New("gdswriter: write after Close or Abort")
 	}
-	if err := w.failure(); err != nil {
+	return w.failure()
+}
+
+// fillBuffer makes sure a chunk buffer with free room is at hand.
+func (w *Writer) fillBuffer() error {
+	if err := w.writable(); err != nil {
 		return err
 	}
 	if w.cur == nil {
