@@ -49,12 +49,10 @@ type ImageCapture struct {
 // image file of the CRIU that connects to receive, each from a goroutine
 // of its own, until Close.
 func CaptureImages(imagesDir string, receive ImageReceiver) (*ImageCapture, error) {
-	path := filepath.Join(imagesDir, CaptureSocket)
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	l, err := listenUnix(filepath.Join(imagesDir, CaptureSocket), "image capture")
 	if err != nil {
-		return nil, fmt.Errorf("image capture: %w", err)
+		return nil, err
 	}
-	l.SetUnlinkOnClose(true)
 	c := &ImageCapture{listener: l, receive: receive}
 	c.talks.Add(1)
 	go c.accept()

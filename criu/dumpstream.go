@@ -164,11 +164,10 @@ type hookServer struct {
 }
 
 func serveHooks(path string, hooks Hooks) (*hookServer, error) {
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	l, err := listenUnix(path, "criu hooks")
 	if err != nil {
-		return nil, fmt.Errorf("criu hooks: %w", err)
+		return nil, err
 	}
-	l.SetUnlinkOnClose(true)
 	s := &hookServer{path: path, listener: l, hooks: hooks}
 	s.wg.Add(1)
 	go func() {

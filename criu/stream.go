@@ -48,16 +48,25 @@ type ImageServer struct {
 	blocked  time.Duration
 }
 
+// listenUnix listens on a unix socket at path, removed again when the
+// listener is closed; an error is prefixed with what.
+func listenUnix(path, what string) (*net.UnixListener, error) {
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	l.SetUnlinkOnClose(true)
+	return l, nil
+}
+
 // ServeImages listens on ServeSocket in imagesDir and answers every CRIU
 // that connects until Close. lookup says whether an image exists and how
 // to send it; it is called from one goroutine per connection.
 func ServeImages(imagesDir string, lookup func(name string) (ImageSender, bool)) (*ImageServer, error) {
-	path := filepath.Join(imagesDir, ServeSocket)
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	l, err := listenUnix(filepath.Join(imagesDir, ServeSocket), "image server")
 	if err != nil {
-		return nil, fmt.Errorf("image server: %w", err)
+		return nil, err
 	}
-	l.SetUnlinkOnClose(true)
 	s := &ImageServer{listener: l, lookup: lookup, served: map[string]int64{}}
 	s.wg.Add(1)
 	go s.accept()
