@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/stasis-ckpt/stasis/internal/trace"
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 )
@@ -185,6 +186,7 @@ func (p *Pending) Commit() (_ *Record, err error) {
 	if err := syncDir(p.dir); err != nil {
 		return nil, err
 	}
+	trace.Mark("catalog: manifest durable")
 	crashPoint("before-rename")
 	final := p.store.CheckpointDir(m.ID)
 	if err := os.Rename(p.dir, final); err != nil {
@@ -198,6 +200,7 @@ func (p *Pending) Commit() (_ *Record, err error) {
 	if err := syncDir(filepath.Dir(final)); err != nil {
 		return nil, p.unlist(err)
 	}
+	trace.Mark("catalog: checkpoint moved into place")
 	crashPoint("before-index")
 	rec := recordOf(m)
 	put := p.store.putRecord
@@ -207,6 +210,7 @@ func (p *Pending) Commit() (_ *Record, err error) {
 	if err := put(rec); err != nil {
 		return nil, p.unlist(err)
 	}
+	trace.Mark("catalog: indexed")
 	return &rec, nil
 }
 

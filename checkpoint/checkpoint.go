@@ -30,6 +30,7 @@ import (
 	"github.com/stasis-ckpt/stasis/cuda"
 	"github.com/stasis-ckpt/stasis/fileset"
 	"github.com/stasis-ckpt/stasis/gdswriter"
+	"github.com/stasis-ckpt/stasis/internal/trace"
 	"golang.org/x/sys/unix"
 )
 
@@ -128,13 +129,14 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	}
 	resolved := make(chan found, 1)
 	go func(path string) {
-		path, version, err := criu.Resolve(path)
+		path, version, err := criu.ResolveCached(path, s.CacheDir("criu"))
 		resolved <- found{path, version, err}
 	}(o.CRIU.Path)
 	tree, err := Tree(o.PID)
 	if err != nil {
 		return nil, err
 	}
+	trace.Mark("checkpoint: tree read")
 	for _, p := range tree {
 		if p.PID == os.Getpid() {
 			return nil, fmt.Errorf("%w: PID %d is an ancestor of stasis itself", catalog.ErrInvalid, o.PID)
@@ -175,10 +177,12 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	mapped, _, _ := usedFiles(tree)
 	hasher.Describe(mapped)
 	hashTime := time.Since(hashStart)
+	trace.Mark("checkpoint: mapped files hashed")
 	criuFound := <-resolved
 	if criuFound.err != nil {
 		return nil, criuFound.err
 	}
+	trace.Mark("checkpoint: CRIU's version known")
 	o.CRIU.Path, o.CRIU.Version = criuFound.path, criuFound.version
 	var gpu *gpuSession
 	var gpuMeta *GPUMeta
@@ -206,6 +210,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	trace.Mark("checkpoint: begun in the store")
 	committed := false
 	defer func() {
 		if !committed {
@@ -352,9 +357,13 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		// makes CRIU resume the tree.
 		PostDump: func() error {
 			imagesDone = time.Now()
+			trace.Mark("checkpoint: post-dump")
 			// What the tree uses as it was dumped; their hashes come
 			// with the commit, from the cache filled before the freeze.
 			frozenFiles, frozenShared, meta.Mounts = usedFiles(tree)
+			if err := confirmCRIU(o.CRIU, s.CacheDir("criu"), work, &meta); err != nil {
+				return err
+			}
 			if o.Fast {
 				return nil
 			}
@@ -372,6 +381,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 				return err
 			}
 			res.Backlog = time.Since(t)
+			trace.Mark("checkpoint: memory images stored")
 			t = time.Now()
 			if copyPages {
 				copies, err := copyLazyPages(packer, images)
@@ -386,6 +396,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 				for _, c := range copies {
 					res.CopiedPages += c.Lazy()
 				}
+				trace.Mark("checkpoint: copies of the memory queued")
 				packer.Hurry()
 			}
 			rec, err := commit(pending, packer, images, work, meta)
@@ -399,7 +410,9 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		},
 	}
 	dumpStart := time.Now()
+	trace.Mark("checkpoint: CRIU starts")
 	dumpErr := criu.Dump(o.CRIU, dumpPID, images, work, hooks)
+	trace.Mark("checkpoint: CRIU done")
 	// When storing failed (or was interrupted), CRIU failed because of it
 	// (its writes into the image pipes broke): the store's error is the
 	// cause.
@@ -485,15 +498,27 @@ func commit(p *catalog.Pending, packer *fileset.Packer, images, work string, met
 	if err := packer.AddDir(images); err != nil {
 		return nil, err
 	}
+	trace.Mark("checkpoint: small images added")
 	if err := packer.Close(); err != nil {
 		return nil, err
 	}
+	trace.Mark("checkpoint: data file durable")
 	raw, err := json.Marshal(meta)
 	if err != nil {
 		return nil, err
 	}
 	p.Manifest.Meta = raw
 	return p.Commit()
+}
+
+// confirmCRIU holds the checkpoint to the version CRIU logged (the one
+// stasis went by may come from its cache, which ConfirmVersion corrects):
+// the checkpoint records it, and a CRIU older than criu.MinVersion fails
+// the dump before anything is committed.
+func confirmCRIU(o criu.Options, cacheDir, work string, meta *Meta) error {
+	v := criu.ConfirmVersion(o.Path, cacheDir, filepath.Join(work, criu.DumpLog), o.Version)
+	meta.CRIUVersion = criu.FormatVersion(v)
+	return criu.CheckVersion(o.Path, v)
 }
 
 // copyLazyPages stores the complete memory image of each process CRIU

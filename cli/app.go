@@ -16,6 +16,7 @@ import (
 
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/gdswriter"
+	"github.com/stasis-ckpt/stasis/internal/trace"
 	"github.com/stasis-ckpt/stasis/restore"
 	ucli "github.com/urfave/cli/v2"
 )
@@ -147,7 +148,10 @@ func openStore(c *ucli.Context) (*catalog.Store, error) {
 			return nil, err
 		}
 	}
-	return catalog.Open(home, catalog.Options{LockTimeout: c.Duration("lock-timeout")})
+	trace.Mark("cli: opening the store")
+	s, err := catalog.Open(home, catalog.Options{LockTimeout: c.Duration("lock-timeout")})
+	trace.Mark("cli: store open")
+	return s, err
 }
 
 func storeDir(c *ucli.Context) string {

@@ -377,6 +377,54 @@ func TestCheckpointErrors(t *testing.T) {
 	}
 }
 
+// TestCRIUVersionCached checkpoints through a wrapper around the real
+// CRIU that counts the times it is asked its version and, asked, answers
+// a version that is not the real one: stasis asks once, then goes by its
+// cache, and the checkpoints record the version CRIU logged.
+func TestCRIUVersionCached(t *testing.T) {
+	requireCRIU(t)
+	real, err := criu.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	home, tmp := t.TempDir(), t.TempDir()
+	asked := filepath.Join(tmp, "asked")
+	wrapper := filepath.Join(tmp, "criu")
+	script := fmt.Sprintf("#!/bin/sh\nif [ \"$1\" = --version ]; then echo asked >>'%s'; echo 'Version: 4.0.7'; exit 0; fi\nexec '%s' \"$@\"\n", asked, real)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, realVersion, err := criu.Resolve(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("STASIS_CRIU", wrapper)
+
+	out := filepath.Join(tmp, "count")
+	pid := startDetached(t, "testdata/counter.sh", out)
+	defer syscall.Kill(pid, syscall.SIGKILL)
+	waitCounting(t, out, 3)
+	for i := range 3 {
+		id := checkpointPID(t, home, pid, "--leave-running")
+		var show struct {
+			Meta struct {
+				CRIUVersion string `json:"criu_version"`
+			} `json:"meta"`
+		}
+		if err := jsonUnmarshal(mustRun(t, home, "show", "--json", id).stdout, &show); err != nil {
+			t.Fatal(err)
+		}
+		if show.Meta.CRIUVersion != criu.FormatVersion(realVersion) {
+			t.Fatalf("checkpoint %d records CRIU %s; CRIU logged %s", i, show.Meta.CRIUVersion, criu.FormatVersion(realVersion))
+		}
+	}
+	raw, _ := os.ReadFile(asked)
+	if n := strings.Count(string(raw), "asked"); n != 1 {
+		t.Fatalf("CRIU was asked its version %d times in three checkpoints, want once", n)
+	}
+	waitCounting(t, out, len(counts(t, out))+3)
+}
+
 // TestKill9DuringCheckpoint kills stasis with SIGKILL at random moments of
 // checkpoints of a process holding 256 MiB. The job must never end up both
 // dead and without a checkpoint: when no checkpoint is listed it runs on

@@ -77,10 +77,8 @@ func Version(path string) (int, error) {
 		if !ok {
 			continue
 		}
-		var major, minor, sub int
-		n, _ := fmt.Sscanf(strings.TrimSpace(rest), "%d.%d.%d", &major, &minor, &sub)
-		if n >= 2 {
-			return major*10000 + minor*100 + sub, nil
+		if v, ok := parseVersion(rest); ok {
+			return v, nil
 		}
 	}
 	return 0, fmt.Errorf("%w: %s --version printed no version", ErrNotInstalled, path)
@@ -103,8 +101,8 @@ func Resolve(path string) (string, int, error) {
 	if err != nil {
 		return "", 0, err
 	}
-	if v < MinVersion {
-		return "", 0, fmt.Errorf("%w: %s is CRIU %s; kernels from 6.13 on need CRIU >= 4.1 (run `make` to build 4.1.1 into bin/, or set STASIS_CRIU)", ErrTooOld, path, FormatVersion(v))
+	if err := CheckVersion(path, v); err != nil {
+		return "", 0, err
 	}
 	return path, v, nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -154,6 +155,88 @@ func TestLogLevel(t *testing.T) {
 	}{{0, "dump", 3}, {0, "restore", 4}, {2, "dump", 2}, {4, "dump", 4}, {1, "restore", 1}} {
 		if got := (Options{LogLevel: c.set}).logLevel(c.op); got != c.want {
 			t.Errorf("LogLevel %d, %s: level %d, want %d", c.set, c.op, got, c.want)
+		}
+	}
+}
+
+// countingCRIU writes a fake criu that prints version and counts its runs
+// in a file beside it; runs reads the count.
+func countingCRIU(t *testing.T, version string) (path string, runs func() int) {
+	t.Helper()
+	dir := t.TempDir()
+	path, count := filepath.Join(dir, "criu"), filepath.Join(dir, "runs")
+	script := "#!/bin/sh\necho run >>'" + count + "'\necho 'Version: " + version + "'\n"
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path, func() int {
+		raw, _ := os.ReadFile(count)
+		return strings.Count(string(raw), "run")
+	}
+}
+
+func TestResolveCached(t *testing.T) {
+	cache := filepath.Join(t.TempDir(), "cache")
+	path, runs := countingCRIU(t, "4.1.1")
+	for i := range 3 {
+		p, v, err := ResolveCached(path, cache)
+		if err != nil || p != path || v != 40101 {
+			t.Fatalf("round %d: %s %d %v", i, p, v, err)
+		}
+	}
+	if n := runs(); n != 1 {
+		t.Fatalf("criu ran %d times for three resolutions, want 1", n)
+	}
+	// Without a cache directory, CRIU is asked every time.
+	if _, _, err := ResolveCached(path, ""); err != nil || runs() != 2 {
+		t.Fatalf("no cache: %v, %d runs", err, runs())
+	}
+	// Another binary in the same place (a new inode, other times) is
+	// asked again.
+	os.Remove(path)
+	if err := os.WriteFile(path, []byte("#!/bin/sh\necho 'Version: 4.2'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, v, err := ResolveCached(path, cache); err != nil || v != 40200 {
+		t.Fatalf("replaced binary: %d, %v", v, err)
+	}
+
+	// A version CRIU logs that is not the cached one corrects the cache
+	// (a wrapper script whose criu changed behind it).
+	path, runs = countingCRIU(t, "4.1.1")
+	if _, _, err := ResolveCached(path, cache); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(t.TempDir(), "dump.log")
+	os.WriteFile(log, []byte("(00.000000) CRIU run id = x\n(00.000100) Version: 4.3.2 (gitid 0)\n"), 0o600)
+	if v := ConfirmVersion(path, cache, log, 40101); v != 40302 {
+		t.Fatalf("ConfirmVersion = %d, want 40302", v)
+	}
+	if _, v, err := ResolveCached(path, cache); err != nil || v != 40302 || runs() != 1 {
+		t.Fatalf("after the correction: %d, %v, %d runs", v, err, runs())
+	}
+	// A log without the version changes nothing.
+	os.WriteFile(log, []byte("(00.000000) CRIU run id = x\n"), 0o600)
+	if v := ConfirmVersion(path, cache, log, 40302); v != 40302 {
+		t.Fatalf("ConfirmVersion without a version line = %d", v)
+	}
+	if _, err := LogVersion(log); !errors.Is(err, errNoLogVersion) {
+		t.Fatalf("LogVersion without a version line: %v", err)
+	}
+
+	// A cached version too old to use is asked again: CRIU was upgraded
+	// behind a wrapper, or the refusal must name what CRIU says now.
+	os.WriteFile(log, []byte("(00.000100) Version: 3.17.1\n"), 0o600)
+	if v := ConfirmVersion(path, cache, log, 40302); v != 31701 {
+		t.Fatalf("ConfirmVersion = %d, want 31701", v)
+	}
+	if _, v, err := ResolveCached(path, cache); err != nil || v != 40101 || runs() != 2 {
+		t.Fatalf("a cached 3.17.1 behind a 4.1.1: %d, %v, %d runs", v, err, runs())
+	}
+	old, _ := countingCRIU(t, "3.17.1")
+	for range 2 {
+		if _, _, err := ResolveCached(old, cache); !errors.Is(err, ErrTooOld) {
+			t.Fatalf("3.17.1: %v", err)
 		}
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/stasis-ckpt/stasis/internal/trace"
 )
 
 // WriterOptions configure a Writer. The zero value is usable.
@@ -479,6 +481,7 @@ func (w *Writer) Close() (Result, error) {
 	}
 	w.stop()
 	w.closeDevice()
+	trace.Mark("writer: every chunk written")
 	if err := w.failure(); err != nil {
 		w.file.close()
 		return Result{}, err
@@ -491,6 +494,7 @@ func (w *Writer) Close() (Result, error) {
 		w.file.close()
 		return Result{}, fmt.Errorf("fsync %s: %w", w.path, err)
 	}
+	trace.Mark("writer: data file synced")
 	direct := w.file.Direct()
 	if err := w.file.close(); err != nil {
 		return Result{}, fmt.Errorf("close %s: %w", w.path, err)

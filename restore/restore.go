@@ -169,7 +169,7 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 	if err := json.Unmarshal(m.Meta, &meta); err != nil || len(meta.Processes) == 0 {
 		return nil, fmt.Errorf("%w: checkpoint %s has no process description", catalog.ErrBadManifest, id)
 	}
-	criuPath, criuVersion, err := criu.Resolve(o.CRIU.Path)
+	criuPath, criuVersion, err := criu.ResolveCached(o.CRIU.Path, s.CacheDir("criu"))
 	if err != nil {
 		return nil, err
 	}
@@ -288,6 +288,7 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 			hooks.PostRestore = func(int) error { return postRestore(0) }
 		}
 		res.PID, err = criu.Restore(co, images, work, hooks)
+		criu.ConfirmVersion(co.Path, s.CacheDir("criu"), filepath.Join(work, criu.RestoreLog), co.Version)
 		// Another process may take a PID between the check and CRIU's
 		// fork: CRIU has undone its work, and auto goes into a new
 		// namespace after all.

@@ -9,10 +9,12 @@ import (
 	"github.com/stasis-ckpt/stasis/cli"
 	"github.com/stasis-ckpt/stasis/criu"
 	"github.com/stasis-ckpt/stasis/hooks"
+	"github.com/stasis-ckpt/stasis/internal/trace"
 	"github.com/stasis-ckpt/stasis/restore"
 )
 
 func main() {
+	trace.Mark("main")
 	if launched, err := criu.Launch(os.Args[1:]); launched {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
