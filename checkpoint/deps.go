@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/stasis-ckpt/stasis/internal/atomicfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -308,17 +309,7 @@ func (h *Hasher) remember(key, sum string) {
 	if h.dir == "" || os.MkdirAll(h.dir, 0o700) != nil {
 		return
 	}
-	tmp, err := os.CreateTemp(h.dir, ".new-*")
-	if err != nil {
-		return
-	}
-	_, err = tmp.WriteString(sum)
-	if cerr := tmp.Close(); err == nil && cerr == nil {
-		err = os.Rename(tmp.Name(), filepath.Join(h.dir, key))
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-	}
+	atomicfile.Write(filepath.Join(h.dir, key), []byte(sum))
 }
 
 // Describe describes files with several workers, in the order given. A

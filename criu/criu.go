@@ -89,22 +89,10 @@ func FormatVersion(v int) string {
 	return fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100)
 }
 
-// Resolve finds criu (or uses path when set) and checks its version.
+// Resolve finds criu (or uses path when set) and checks its version, asking
+// CRIU (ResolveCached without a cache).
 func Resolve(path string) (string, int, error) {
-	if path == "" {
-		var err error
-		if path, err = Find(); err != nil {
-			return "", 0, err
-		}
-	}
-	v, err := Version(path)
-	if err != nil {
-		return "", 0, err
-	}
-	if err := CheckVersion(path, v); err != nil {
-		return "", 0, err
-	}
-	return path, v, nil
+	return ResolveCached(path, "")
 }
 
 // HasFeature runs `criu check --feature name` (mem_dirty_track, uffd,

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/stasis-ckpt/stasis/internal/atomicfile"
 )
 
 // versionCacheFile is the file, in the cache directory a caller names,
@@ -54,28 +56,33 @@ func identify(path string) (binaryIdentity, error) {
 // (a script running another criu) is known by the wrapper alone: callers
 // check the version CRIU logs and correct the cache (ConfirmVersion).
 func ResolveCached(path, cacheDir string) (string, int, error) {
-	if cacheDir == "" {
-		return Resolve(path)
-	}
 	if path == "" {
 		var err error
 		if path, err = Find(); err != nil {
 			return "", 0, err
 		}
 	}
-	id, err := identify(path)
-	if err != nil {
-		return Resolve(path)
+	var id binaryIdentity
+	cached := false
+	if cacheDir != "" {
+		var err error
+		id, err = identify(path)
+		cached = err == nil
+		// A version too old to use is asked again: the refusal names it.
+		if v, ok := readVersionCache(cacheDir, id); cached && ok && v >= MinVersion {
+			return path, v, nil
+		}
 	}
-	// A version too old to use is asked again: the refusal names it.
-	if v, ok := readVersionCache(cacheDir, id); ok && v >= MinVersion {
-		return path, v, nil
-	}
-	path, v, err := Resolve(path)
+	v, err := Version(path)
 	if err != nil {
 		return "", 0, err
 	}
-	writeVersionCache(cacheDir, id, v)
+	if err := CheckVersion(path, v); err != nil {
+		return "", 0, err
+	}
+	if cached {
+		writeVersionCache(cacheDir, id, v)
+	}
 	return path, v, nil
 }
 
@@ -113,14 +120,7 @@ func writeVersionCache(dir string, id binaryIdentity, version int) {
 	if err != nil || os.MkdirAll(dir, 0o700) != nil {
 		return
 	}
-	tmp, err := os.CreateTemp(dir, versionCacheFile+".*")
-	if err != nil {
-		return
-	}
-	_, werr := tmp.Write(raw)
-	if cerr := tmp.Close(); werr != nil || cerr != nil || os.Rename(tmp.Name(), filepath.Join(dir, versionCacheFile)) != nil {
-		os.Remove(tmp.Name())
-	}
+	atomicfile.Write(filepath.Join(dir, versionCacheFile), raw)
 }
 
 // CheckVersion is the error for a CRIU at path older than MinVersion.

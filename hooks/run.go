@@ -16,6 +16,7 @@ import (
 
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/checkpoint"
+	"github.com/stasis-ckpt/stasis/internal/atomicfile"
 	"github.com/stasis-ckpt/stasis/restore"
 	"golang.org/x/sys/unix"
 )
@@ -545,7 +546,7 @@ func writeNotice(path string, sig syscall.Signal, deadline time.Time) error {
 	if err != nil {
 		return err
 	}
-	return writeAtomic(path, append(data, '\n'))
+	return atomicfile.Write(path, append(data, '\n'))
 }
 
 // errJobAnswered ends a fallback process checkpoint before the dump: the

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stasis-ckpt/stasis/internal/atomicfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -78,33 +79,13 @@ type runState struct {
 	Updated    time.Time `json:"updated"`
 }
 
-// writeAtomic writes data to path through a temporary file and a rename,
-// so that readers see the old content or the new, never a part.
-func writeAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path)+"-")
-	if err != nil {
-		return err
-	}
-	_, werr := tmp.Write(data)
-	if cerr := tmp.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = os.Rename(tmp.Name(), path)
-	}
-	if werr != nil {
-		os.Remove(tmp.Name())
-	}
-	return werr
-}
-
 func (f runFiles) writeState(st runState) error {
 	st.Updated = time.Now().UTC()
 	data, err := json.Marshal(st)
 	if err != nil {
 		return err
 	}
-	return writeAtomic(f.stateFile(), append(data, '\n'))
+	return atomicfile.Write(f.stateFile(), append(data, '\n'))
 }
 
 func (f runFiles) readState() (runState, error) {
