@@ -5,8 +5,8 @@ GO      ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 # -s -w: no symbol table and no DWARF (stack traces keep their function
 # names and lines). A checkpoint on preemption often starts stasis from a
-# cold page cache, and the kernel reads the whole binary in on exec: 14 to
-# 10 MB, about 4 ms less (docs/benchmarks.md).
+# cold page cache, and the kernel reads the whole binary in on exec: 10 MB
+# instead of 14 (docs/benchmarks.md).
 LDFLAGS := -s -w -X github.com/stasis-ckpt/stasis/cli.Version=$(VERSION)
 
 .PHONY: all deps build test fuzz bench clean
