@@ -58,8 +58,12 @@ type Options struct {
 	// and an open-file limit too low for CRIU's page pipes
 	// (criu.LazyPagesFit) always have CRIU write it.
 	CopyPages bool
-	CRIU      criu.Options
-	Writer    gdswriter.WriterOptions
+	// NoEarlyCopy, with CopyPages, has stasis start copying only once CRIU
+	// has dumped the tree, not on the largest part of the memory at once
+	// while CRIU dumps (early.go).
+	NoEarlyCopy bool
+	CRIU        criu.Options
+	Writer      gdswriter.WriterOptions
 	// LockTimeout bounds the wait for a GPU process's submitted work when
 	// it is locked; DefaultLockTimeout when zero.
 	LockTimeout time.Duration
@@ -108,8 +112,11 @@ type Result struct {
 	// images, the data file's flush and the catalog's commit.
 	Backlog, Commit time.Duration
 	// CopiedPages is how many bytes of the tree's memory stasis copied
-	// itself rather than CRIU (Options.CopyPages).
-	CopiedPages int64
+	// itself rather than CRIU (Options.CopyPages); EarlyCopied, how many
+	// of them it copied while CRIU dumped (early.go). EarlyDropped says
+	// why an early copy did not hold, for each that did not.
+	CopiedPages, EarlyCopied int64
+	EarlyDropped             []string
 }
 
 // Run checkpoints the process tree rooted at o.PID into s.
@@ -348,6 +355,8 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		release = drain
 	}
 
+	early := &earlyCopies{}
+	defer func() { early.dropAll() }()
 	var imagesDone time.Time
 	var frozenFiles []string
 	var frozenShared map[string]bool
@@ -384,7 +393,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			trace.Mark("checkpoint: memory images stored")
 			t = time.Now()
 			if copyPages {
-				copies, err := copyLazyPages(packer, images)
+				copies, err := copyLazyPages(packer, images, early.wait(), res)
 				defer func() {
 					for _, c := range copies {
 						c.Close()
@@ -399,7 +408,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 				trace.Mark("checkpoint: copies of the memory queued")
 				packer.Hurry()
 			}
-			rec, err := commit(pending, packer, images, work, meta)
+			rec, err := commit(pending, packer, images, work, meta, early.held())
 			res.Commit = time.Since(t)
 			if err != nil {
 				return err
@@ -408,6 +417,11 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			res.Record = rec
 			return nil
 		},
+	}
+	// The largest part of the memory stasis will copy: copied from now
+	// on, while CRIU dumps (early.go).
+	if copyPages && !o.NoEarlyCopy {
+		early = startEarlyCopies(ctx, pending, tree, w)
 	}
 	dumpStart := time.Now()
 	trace.Mark("checkpoint: CRIU starts")
@@ -467,7 +481,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		storeStart := time.Now()
 		meta.MappedFiles = hasher.Describe(frozenFiles)
 		MarkSharedWritable(meta.MappedFiles, frozenShared)
-		rec, err := commit(pending, packer, images, work, meta)
+		rec, err := commit(pending, packer, images, work, meta, nil)
 		if err != nil {
 			packer.Abort()
 			return nil, errors.Join(fmt.Errorf("the job runs on, but its checkpoint could not be stored: %w", err), resumeErr)
@@ -491,7 +505,7 @@ const maxBacklog = 8 << 30
 
 // commit adds the rest of the images (with the dump log so far) to what
 // the packer streamed, and commits the checkpoint.
-func commit(p *catalog.Pending, packer *fileset.Packer, images, work string, meta Meta) (*catalog.Record, error) {
+func commit(p *catalog.Pending, packer *fileset.Packer, images, work string, meta Meta, early []*earlyCopy) (*catalog.Record, error) {
 	if err := copyLog(filepath.Join(work, criu.DumpLog), filepath.Join(images, criu.DumpLog)); err != nil {
 		return nil, err
 	}
@@ -502,7 +516,12 @@ func commit(p *catalog.Pending, packer *fileset.Packer, images, work string, met
 	if err := packer.Close(); err != nil {
 		return nil, err
 	}
-	trace.Mark("checkpoint: data file durable")
+	for _, e := range early {
+		if err := e.close(p); err != nil {
+			return nil, err
+		}
+	}
+	trace.Mark("checkpoint: data files durable")
 	raw, err := json.Marshal(meta)
 	if err != nil {
 		return nil, err
@@ -528,7 +547,7 @@ func confirmCRIU(o criu.Options, cacheDir, work string, meta *Meta) error {
 // own memory images (the pages it wrote are among the stored ones). The
 // tree must stay frozen until the packer is closed; then the caller
 // closes the copies.
-func copyLazyPages(packer *fileset.Packer, images string) ([]*criu.PageCopy, error) {
+func copyLazyPages(packer *fileset.Packer, images string, early map[int]*earlyCopy, res *Result) ([]*criu.PageCopy, error) {
 	pids, err := criu.ReadPstree(filepath.Join(images, "pstree.img"))
 	if err != nil {
 		return nil, err
@@ -543,8 +562,21 @@ func copyLazyPages(packer *fileset.Packer, images string) ([]*criu.PageCopy, err
 			return copies, err
 		}
 		copies = append(copies, c)
-		if err := packer.StreamFill(c.Name, c.Size(), c.ReadAt); err != nil {
-			return copies, err
+		stored := false
+		if e := early[pid]; e != nil {
+			if err := e.finish(c); err != nil {
+				trace.Mark("checkpoint: early copy dropped: " + err.Error())
+				res.EarlyDropped = append(res.EarlyDropped, err.Error())
+				e.drop()
+			} else {
+				res.EarlyCopied += e.full
+				stored = true
+			}
+		}
+		if !stored {
+			if err := packer.StreamFill(c.Name, c.Size(), c.ReadAt); err != nil {
+				return copies, err
+			}
 		}
 		if err := os.Remove(c.Written); err != nil {
 			return copies, err

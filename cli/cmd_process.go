@@ -30,7 +30,8 @@ func processFlags() []ucli.Flag {
 	return append([]ucli.Flag{
 		&ucli.DurationFlag{Name: "gpu-lock-timeout", Value: checkpoint.DefaultLockTimeout, Usage: "how long the CUDA lock waits for GPU work already submitted; past it the checkpoint is rolled back"},
 		&ucli.StringFlag{Name: "compress", Value: "auto", Usage: "none, zstd, s2 or auto"},
-		&ucli.StringFlag{Name: "dump-pages", Value: "criu", Usage: "how the memory gets into a process checkpoint: criu (CRIU writes all of it, on one thread, streamed into the store as it comes) or copy (CRIU leaves out the private anonymous memory, which stasis copies from the frozen tree on every core once CRIU is done)"},
+		&ucli.StringFlag{Name: "dump-pages", Value: "criu", Usage: "how the memory gets into a process checkpoint: criu (CRIU writes all of it, on one thread, streamed into the store as it comes) or copy (CRIU leaves out the private anonymous memory, which stasis copies itself on every core: its largest run while CRIU dumps, the rest from the frozen tree once CRIU is done)"},
+		&ucli.BoolFlag{Name: "early-copy", Value: true, Usage: "with --dump-pages copy: start on the largest run of memory while CRIU dumps (checked page for page at the end; --early-copy=false copies it all once CRIU is done)"},
 	}, criuFlags()...)
 }
 
@@ -50,6 +51,7 @@ func processOptions(c *ucli.Context) (checkpoint.Options, error) {
 	}
 	return checkpoint.Options{
 		CopyPages:   copyPages,
+		NoEarlyCopy: !c.Bool("early-copy"),
 		LockTimeout: c.Duration("gpu-lock-timeout"),
 		CRIU: criu.Options{ShellJob: c.Bool("shell-job"), TCPEstablished: c.Bool("tcp-established"),
 			ExtUnixSockets: c.Bool("ext-unix-sk"), FileLocks: c.Bool("file-locks")},
@@ -104,6 +106,7 @@ func (e *env) checkpointCommand() *ucli.Command {
 					"dump_seconds": res.Dump.Seconds(), "store_seconds": res.Store.Seconds(), "gpu_resume_seconds": res.GPUResume.Seconds(),
 					"pause_seconds": res.Pause.Seconds(), "store_backlog_seconds": res.Backlog.Seconds(), "commit_seconds": res.Commit.Seconds(),
 					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM, "copied_pages_bytes": res.CopiedPages,
+					"early_copied_bytes": res.EarlyCopied, "early_copy_dropped": res.EarlyDropped,
 				}), hookErr)
 			}
 			pause := ""

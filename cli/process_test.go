@@ -737,10 +737,17 @@ func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
 			Record struct {
 				ID string `json:"id"`
 			} `json:"record"`
-			Copied int64 `json:"copied_pages_bytes"`
+			Copied  int64    `json:"copied_pages_bytes"`
+			Early   int64    `json:"early_copied_bytes"`
+			Dropped []string `json:"early_copy_dropped"`
 		}
 		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 			t.Fatalf("checkpoint --json printed %q: %v", r.stdout, err)
+		}
+		if rep.Copied > 0 && (rep.Early < 2*(8<<20) || len(rep.Dropped) > 0) {
+			// Each process's 16 MiB mapping holds two whole chunks of
+			// pages, copied while CRIU dumps; neither changes them.
+			t.Errorf("stasis copied %d bytes early, not the two processes' runs of 8 MiB or more (dropped: %q)", rep.Early, rep.Dropped)
 		}
 		return rep.Record.ID, rep.Copied
 	}
@@ -785,6 +792,57 @@ func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
 			}
 			from = waitMemchecks(t, out, from)
 		})
+	}
+}
+
+// TestEarlyCopyDropped checkpoints, with --dump-pages copy, a process
+// that rewrites every page of its memory without pause (busy.py), so that
+// the pages stasis copies while CRIU dumps have changed by the freeze: the
+// early copy is dropped, the memory copied from the frozen process, and
+// the restored process finds its pages as one instant left them.
+func TestEarlyCopyDropped(t *testing.T) {
+	requireCRIU(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	home := t.TempDir()
+	out := filepath.Join(t.TempDir(), "passes")
+	pid := startDetached(t, "python3", "testdata/busy.py", out)
+	passes := func() []string {
+		data, _ := os.ReadFile(out)
+		return strings.Split(strings.TrimSpace(string(data)), "\n")
+	}
+	waitLines := func(n int) []string {
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if l := passes(); len(l) >= n {
+				return l
+			}
+		}
+		t.Fatalf("busy.py stopped at %d passes", len(passes()))
+		return nil
+	}
+	waitLines(3)
+	r := mustRun(t, home, "checkpoint", "--json", "--dump-pages", "copy", "--pid", strconv.Itoa(pid))
+	var rep struct {
+		Record struct {
+			ID string `json:"id"`
+		} `json:"record"`
+		Early   int64    `json:"early_copied_bytes"`
+		Dropped []string `json:"early_copy_dropped"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("checkpoint --json printed %q: %v", r.stdout, err)
+	}
+	if rep.Early != 0 || len(rep.Dropped) != 1 || !strings.Contains(rep.Dropped[0], "changed before the freeze") {
+		t.Fatalf("copied %d bytes early; dropped: %q; want the one early copy dropped for changed memory", rep.Early, rep.Dropped)
+	}
+	waitGone(t, pid)
+	before := len(passes())
+	restorePID(t, home, rep.Record.ID)
+	for _, l := range waitLines(before + 3)[before:] {
+		if !strings.HasSuffix(l, " ok") {
+			t.Fatalf("after the restore: %q", l)
+		}
 	}
 }
 

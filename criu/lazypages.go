@@ -71,13 +71,7 @@ type PageCopy struct {
 	parts   []pagePart
 	size    int64
 	lazy    int64 // bytes read from memory
-
-	// mem is /proc/PID/mem, opened for the first page process_vm_readv
-	// cannot read; memMu guards it against Close, which may come while
-	// a writer's workers still read (a failed checkpoint).
-	memMu  sync.Mutex
-	mem    *os.File
-	closed bool
+	mem     *MemoryReader
 }
 
 // pagePart is a run of the complete image: from CRIU's pages image at
@@ -98,7 +92,7 @@ func CopyLazyPages(imagesDir string, pid int) (*PageCopy, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &PageCopy{Name: fmt.Sprintf("pages-%d.img", pm.PagesID), pid: pid}
+	c := &PageCopy{Name: fmt.Sprintf("pages-%d.img", pm.PagesID), pid: pid, mem: NewMemoryReader(pid)}
 	c.Written = filepath.Join(imagesDir, c.Name)
 	var fromFile int64
 	for _, e := range pm.Entries {
@@ -166,7 +160,7 @@ func (c *PageCopy) ReadAt(dst []byte, off int64) error {
 				err = io.ErrUnexpectedEOF
 			}
 		} else {
-			err = c.readMemory(piece, p.vaddr+uint64(skip))
+			err = c.mem.ReadAt(piece, p.vaddr+uint64(skip))
 		}
 		if err != nil {
 			return err
@@ -178,21 +172,36 @@ func (c *PageCopy) ReadAt(dst []byte, off int64) error {
 	return nil
 }
 
-// readMemory reads the process's memory at vaddr into dst: with
+// MemoryReader reads another process's memory. It is safe for concurrent
+// use.
+type MemoryReader struct {
+	pid int
+	// mem is /proc/PID/mem, opened for the first page process_vm_readv
+	// cannot read; mu guards it against Close, which may come while a
+	// writer's workers still read (a failed checkpoint).
+	mu     sync.Mutex
+	mem    *os.File
+	closed bool
+}
+
+// NewMemoryReader reads the memory of process pid.
+func NewMemoryReader(pid int) *MemoryReader { return &MemoryReader{pid: pid} }
+
+// ReadAt reads the process's memory at vaddr into dst: with
 // process_vm_readv, which copies straight from its pages, and where that
 // stops (pages the process itself may not read: PROT_NONE), through
 // /proc/PID/mem, which reads them as a debugger would.
-func (c *PageCopy) readMemory(dst []byte, vaddr uint64) error {
+func (m *MemoryReader) ReadAt(dst []byte, vaddr uint64) error {
 	for len(dst) > 0 {
 		local := []unix.Iovec{{Base: &dst[0]}}
 		local[0].SetLen(len(dst))
 		remote := []unix.RemoteIovec{{Base: uintptr(vaddr), Len: len(dst)}}
-		n, err := unix.ProcessVMReadv(c.pid, local, remote, 0)
+		n, err := unix.ProcessVMReadv(m.pid, local, remote, 0)
 		if n <= 0 {
 			if errors.Is(err, unix.ESRCH) {
-				return fmt.Errorf("read the memory of PID %d: the process is gone", c.pid)
+				return fmt.Errorf("read the memory of PID %d: the process is gone", m.pid)
 			}
-			return c.readMemoryFile(dst, vaddr)
+			return m.readFile(dst, vaddr)
 		}
 		dst = dst[n:]
 		vaddr += uint64(n)
@@ -200,37 +209,42 @@ func (c *PageCopy) readMemory(dst []byte, vaddr uint64) error {
 	return nil
 }
 
-func (c *PageCopy) readMemoryFile(dst []byte, vaddr uint64) error {
-	c.memMu.Lock()
-	if c.closed {
-		c.memMu.Unlock()
-		return fmt.Errorf("read the memory of PID %d: %w", c.pid, os.ErrClosed)
+func (m *MemoryReader) readFile(dst []byte, vaddr uint64) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return fmt.Errorf("read the memory of PID %d: %w", m.pid, os.ErrClosed)
 	}
-	if c.mem == nil {
-		f, err := os.Open(filepath.Join("/proc", strconv.Itoa(c.pid), "mem"))
+	if m.mem == nil {
+		f, err := os.Open(filepath.Join("/proc", strconv.Itoa(m.pid), "mem"))
 		if err != nil {
-			c.memMu.Unlock()
-			return fmt.Errorf("read the memory of PID %d: %w", c.pid, err)
+			m.mu.Unlock()
+			return fmt.Errorf("read the memory of PID %d: %w", m.pid, err)
 		}
-		c.mem = f
+		m.mem = f
 	}
-	mem := c.mem
-	c.memMu.Unlock()
+	mem := m.mem
+	m.mu.Unlock()
 	if _, err := mem.ReadAt(dst, int64(vaddr)); err != nil {
-		return fmt.Errorf("read %d bytes of the memory of PID %d at %#x: %w", len(dst), c.pid, vaddr, err)
+		return fmt.Errorf("read %d bytes of the memory of PID %d at %#x: %w", len(dst), m.pid, vaddr, err)
 	}
 	return nil
+}
+
+// Close releases /proc/PID/mem; reads still under way then fail.
+func (m *MemoryReader) Close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	if m.mem != nil {
+		m.mem.Close()
+	}
 }
 
 // Close releases the files the copy reads. Reads still under way then
 // fail.
 func (c *PageCopy) Close() error {
 	err := c.written.Close()
-	c.memMu.Lock()
-	defer c.memMu.Unlock()
-	c.closed = true
-	if c.mem != nil {
-		c.mem.Close()
-	}
+	c.mem.Close()
 	return err
 }

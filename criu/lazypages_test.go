@@ -204,8 +204,8 @@ func TestCopyLazyPagesClosedWhileRead(t *testing.T) {
 	if err := c.ReadAt(make([]byte, PageSize), 0); err == nil {
 		t.Error("a read after Close succeeded")
 	}
-	if c.mem != nil {
-		if _, err := c.mem.Stat(); err == nil {
+	if f := c.mem.mem; f != nil {
+		if _, err := f.Stat(); err == nil {
 			t.Error("/proc/PID/mem is still open after Close")
 		}
 	}

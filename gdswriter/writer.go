@@ -103,10 +103,11 @@ type Writer struct {
 	dev          DeviceFile // set by UseDevice
 	deviceChunks atomic.Int64
 
-	mu     sync.Mutex
-	chunks []Chunk
-	err    error
-	done   bool
+	mu       sync.Mutex
+	chunks   []Chunk
+	err      error
+	done     bool
+	reserved map[int]int // Reserve's runs not yet filled: first chunk -> chunk count
 }
 
 // writeJob is one chunk for a worker: a pool buffer holding n bytes (or
@@ -277,6 +278,58 @@ func (w *Writer) fillChunks(n int64, fill func(dst []byte, off int64) error, who
 		w.next++
 		w.rawSize += chunk
 		off += chunk
+	}
+	return nil
+}
+
+// Reserve adds n bytes to the stream, whole chunks from a chunk boundary,
+// whose contents come later, from FillReserved: the stream goes on after
+// them at once. The way to write what follows a stretch of the stream
+// before that stretch is known. It returns the index of the first
+// reserved chunk. Close fails while a reserved chunk is not filled.
+func (w *Writer) Reserve(n int64) (first int, err error) {
+	if err := w.writable(); err != nil {
+		return 0, err
+	}
+	chunk := int64(w.opts.ChunkSize)
+	if w.curLen != 0 || n <= 0 || n%chunk != 0 {
+		return 0, fmt.Errorf("gdswriter: reserve %d bytes at stream offset %d: only whole %d-byte chunks from a chunk boundary", n, w.rawSize, chunk)
+	}
+	first = w.next
+	w.mu.Lock()
+	if w.reserved == nil {
+		w.reserved = map[int]int{}
+	}
+	w.reserved[first] = int(n / chunk)
+	w.mu.Unlock()
+	w.next += int(n / chunk)
+	w.rawSize += n
+	return first, nil
+}
+
+// FillReserved queues the chunks Reserve reserved from chunk first for the
+// workers to fill, as FillParallel does: fill gets each chunk's offset
+// within the reserved bytes. Unlike the other writes, it may run at the
+// same time as them (from another goroutine), though not with Close or
+// Abort.
+func (w *Writer) FillReserved(first int, fill func(dst []byte, off int64) error) error {
+	if err := w.writable(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	count, ok := w.reserved[first]
+	delete(w.reserved, first)
+	w.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("gdswriter: no reserved chunks from chunk %d", first)
+	}
+	chunk := int64(w.opts.ChunkSize)
+	for i := range count {
+		if err := w.failure(); err != nil {
+			return err
+		}
+		off := int64(i) * chunk
+		w.jobs <- writeJob{index: first + i, buf: w.pool.get(), n: int(chunk), fill: func(dst []byte) error { return fill(dst, off) }}
 	}
 	return nil
 }
@@ -482,6 +535,9 @@ func (w *Writer) Close() (Result, error) {
 	w.stop()
 	w.closeDevice()
 	trace.Mark("writer: every chunk written")
+	if len(w.reserved) > 0 {
+		w.fail(fmt.Errorf("gdswriter: %d runs of reserved chunks were never filled", len(w.reserved)))
+	}
 	if err := w.failure(); err != nil {
 		w.file.close()
 		return Result{}, err

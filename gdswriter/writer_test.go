@@ -1047,3 +1047,90 @@ func TestFillParallelError(t *testing.T) {
 		t.Fatalf("Close = %v, want the fill's error", err)
 	}
 }
+
+// TestReserve writes a stream whose middle chunks come last: Reserve
+// skips them, the stream goes on with FillParallel and Write, and
+// FillReserved fills them from another goroutine while a FillParallel
+// still runs. The stream reads back whole; a run never filled fails
+// Close; Reserve off a chunk boundary, or of part of a chunk, is refused.
+func TestReserve(t *testing.T) {
+	data := wtData(7*wtChunk+321, 11)
+	path := filepath.Join(t.TempDir(), "data")
+	w, err := Create(context.Background(), path, WriterOptions{ChunkSize: wtChunk, Method: MethodAuto, Workers: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(data[:wtChunk]); err != nil {
+		t.Fatal(err)
+	}
+	first, err := w.Reserve(3 * wtChunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first != 1 || w.Offset() != 4*wtChunk {
+		t.Fatalf("Reserve: first chunk %d, offset after %d; want 1 and %d", first, w.Offset(), 4*wtChunk)
+	}
+	fillFrom := func(base int) func(dst []byte, off int64) error {
+		return func(dst []byte, off int64) error {
+			copy(dst, data[base+int(off):])
+			return nil
+		}
+	}
+	filled := make(chan error, 1)
+	started := make(chan struct{})
+	err = w.FillParallel(2*wtChunk, func(dst []byte, off int64) error {
+		if off == 0 {
+			go func() { filled <- w.FillReserved(first, fillFrom(wtChunk)) }()
+			close(started)
+		}
+		copy(dst, data[4*wtChunk+int(off):])
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	if _, err := w.Write(data[6*wtChunk:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-filled; err != nil {
+		t.Fatalf("FillReserved: %v", err)
+	}
+	if err := w.FillReserved(first, fillFrom(wtChunk)); err == nil {
+		t.Error("a second FillReserved of the same run succeeded")
+	}
+	res, err := w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := wtRead(t, path, res.Chunks, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("read back %d bytes that differ from the %d written", len(got), len(data))
+	}
+
+	w, err = Create(context.Background(), filepath.Join(t.TempDir(), "data"), WriterOptions{ChunkSize: wtChunk, Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Reserve(wtChunk + 4096); err == nil {
+		t.Error("Reserve of a chunk and a bit succeeded")
+	}
+	if _, err := w.Write(data[:100]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Reserve(wtChunk); err == nil {
+		t.Error("Reserve inside a chunk succeeded")
+	}
+	if _, err := w.Write(data[100:wtChunk]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Reserve(2 * wtChunk); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Close(); err == nil || !strings.Contains(err.Error(), "never filled") {
+		t.Fatalf("Close with a reserved run unfilled = %v, want an error naming it", err)
+	}
+}
