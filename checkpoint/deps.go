@@ -17,6 +17,7 @@ import (
 	"sync"
 
 	"github.com/stasis-ckpt/stasis/internal/atomicfile"
+	"github.com/stasis-ckpt/stasis/internal/procmaps"
 	"golang.org/x/sys/unix"
 )
 
@@ -159,14 +160,12 @@ func mappedPaths(pid int) []mapping {
 	var paths []mapping
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		// address perms offset dev inode path (the path may hold spaces)
-		fields := strings.SplitN(sc.Text(), " ", 6)
-		if len(fields) < 6 || fields[4] == "0" {
+		m, err := procmaps.Parse(sc.Text())
+		if err != nil || m.Inode == "0" {
 			continue
 		}
-		if path := strings.TrimLeft(fields[5], " "); usablePath(path) {
-			perms := fields[1]
-			paths = append(paths, mapping{path: path, sharedWritable: len(perms) == 4 && perms[1] == 'w' && perms[3] == 's'})
+		if usablePath(m.Path) {
+			paths = append(paths, mapping{path: m.Path, sharedWritable: m.SharedWritable()})
 		}
 	}
 	return paths

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/stasis-ckpt/stasis/internal/procmaps"
 	"golang.org/x/sys/unix"
 )
 
@@ -138,24 +139,25 @@ func lazyRuns(pid int, found func(LazyRun)) error {
 	entries := make([]byte, pagemapRead*8)
 	sc := bufio.NewScanner(maps)
 	for sc.Scan() {
-		v, err := parseMapsLine(sc.Text())
+		v, err := procmaps.Parse(sc.Text())
 		if err != nil {
 			return fmt.Errorf("/proc/%d/maps: %w", pid, err)
 		}
+		anon := v.Anonymous()
 		switch {
-		case v.name == "[vdso]":
+		case v.Path == "[vdso]":
 			end()
-			image += int64(v.end - v.start)
+			image += int64(v.End - v.Start)
 			continue
-		case !v.private || strings.HasPrefix(v.name, "[vvar") || v.name == "[vsyscall]":
+		case !v.Private() || strings.HasPrefix(v.Path, "[vvar") || v.Path == "[vsyscall]":
 			continue
 		}
 		// A run stays within one mapping: the next one may be memory the
 		// job changes all the time (the heap of its allocator), where
 		// the run's copy would not hold.
 		end()
-		for at := v.start; at < v.end; {
-			n := min((v.end-at)/PageSize, pagemapRead)
+		for at := v.Start; at < v.End; {
+			n := min((v.End-at)/PageSize, pagemapRead)
 			buf := entries[:n*8]
 			if _, err := pagemap.ReadAt(buf, int64(at/PageSize*8)); err != nil {
 				return fmt.Errorf("/proc/%d/pagemap: %w", pid, err)
@@ -165,8 +167,8 @@ func lazyRuns(pid int, found func(LazyRun)) error {
 				vaddr := at + i*PageSize
 				switch {
 				case pme&(pmePresent|pmeSwap) == 0, pme&pmePFNMask == zero && pme&pmePresent != 0:
-				case !v.anon && pme&pmeFile != 0:
-				case v.anon && !stackPages[vaddr]:
+				case !anon && pme&pmeFile != 0:
+				case anon && !stackPages[vaddr]:
 					add(vaddr)
 				default:
 					end()
@@ -181,35 +183,6 @@ func lazyRuns(pid int, found func(LazyRun)) error {
 	}
 	end()
 	return nil
-}
-
-type mapping struct {
-	start, end    uint64
-	private, anon bool
-	name          string
-}
-
-// parseMapsLine reads a line of /proc/PID/maps: "start-end perms offset
-// dev inode [name]".
-func parseMapsLine(line string) (mapping, error) {
-	f := strings.Fields(line)
-	if len(f) < 5 {
-		return mapping{}, fmt.Errorf("line %q", line)
-	}
-	from, to, ok := strings.Cut(f[0], "-")
-	start, err1 := strconv.ParseUint(from, 16, 64)
-	end, err2 := strconv.ParseUint(to, 16, 64)
-	if !ok || err1 != nil || err2 != nil || len(f[1]) != 4 {
-		return mapping{}, fmt.Errorf("line %q", line)
-	}
-	m := mapping{start: start, end: end, private: f[1][3] == 'p', anon: f[4] == "0"}
-	if len(f) > 5 {
-		m.name = strings.Join(f[5:], " ")
-	}
-	// An anonymous mapping has no file: inode 0, and no path (a name in
-	// brackets, [heap], [anon:...], is a label).
-	m.anon = m.anon && (m.name == "" || strings.HasPrefix(m.name, "["))
-	return m, nil
 }
 
 // threadStackPages returns the pages under the stack pointers of pid's
