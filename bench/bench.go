@@ -209,7 +209,7 @@ func save(ctx context.Context, s *catalog.Store, src []byte, o Options) (*catalo
 		if err != nil {
 			return nil, err
 		}
-		p.Manifest.Files = []catalog.DataFile{{Name: "data.0000", Size: r.Size, RawSize: r.RawSize, ChunkSize: r.ChunkSize, Chunks: r.Chunks}}
+		p.Manifest.Files = []catalog.DataFile{catalog.NewDataFile("data.0000", r)}
 		p.Manifest.Entries = []catalog.Entry{{Path: "bench.bin", Type: catalog.EntryFile, Size: r.RawSize, Mode: 0o600}}
 		return p.Commit()
 	}()

@@ -77,6 +77,11 @@ type DataFile struct {
 	Chunks    []gdswriter.Chunk `json:"chunks"`
 }
 
+// NewDataFile describes the data file name that a gdswriter.Writer wrote.
+func NewDataFile(name string, res gdswriter.Result) DataFile {
+	return DataFile{Name: name, Size: res.Size, RawSize: res.RawSize, ChunkSize: res.ChunkSize, Chunks: res.Chunks}
+}
+
 // Entry is one named object whose bytes (if any) are the range
 // [Offset, Offset+Size) of data file File's decoded stream.
 type Entry struct {

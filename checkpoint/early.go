@@ -258,9 +258,7 @@ func (e *earlyCopy) close(p *catalog.Pending) error {
 	if err != nil {
 		return err
 	}
-	p.Manifest.Files = append(p.Manifest.Files, catalog.DataFile{
-		Name: e.name, Size: res.Size, RawSize: res.RawSize, ChunkSize: res.ChunkSize, Chunks: res.Chunks,
-	})
+	p.Manifest.Files = append(p.Manifest.Files, catalog.NewDataFile(e.name, res))
 	e.entry.File = len(p.Manifest.Files) - 1
 	p.Manifest.Entries = append(p.Manifest.Entries, e.entry)
 	return nil

@@ -266,9 +266,7 @@ func (k *Packer) Close() error {
 	if err != nil {
 		return err
 	}
-	k.p.Manifest.Files = append(k.p.Manifest.Files, catalog.DataFile{
-		Name: dataFileName, Size: res.Size, RawSize: res.RawSize, ChunkSize: res.ChunkSize, Chunks: res.Chunks,
-	})
+	k.p.Manifest.Files = append(k.p.Manifest.Files, catalog.NewDataFile(dataFileName, res))
 	return nil
 }
 

@@ -262,7 +262,7 @@ func save(ctx context.Context, p *catalog.Pending, drv *cuda.Driver, ctxs map[st
 	if err != nil {
 		return nil, err
 	}
-	p.Manifest.Files = []catalog.DataFile{{Name: dataFileName, Size: res.Size, RawSize: res.RawSize, ChunkSize: res.ChunkSize, Chunks: res.Chunks}}
+	p.Manifest.Files = []catalog.DataFile{catalog.NewDataFile(dataFileName, res)}
 	switch {
 	case meta.IOPath != "":
 	case dio != nil && res.DeviceChunks > 0:
