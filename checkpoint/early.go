@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/stasis-ckpt/stasis/catalog"
@@ -83,9 +84,10 @@ func startEarlyCopy(ctx context.Context, p *catalog.Pending, pid int, name strin
 	}
 	e := &earlyCopy{pid: pid, name: name, path: p.Path(name), run: run, chunk: chunk, full: full,
 		mem: criu.NewMemoryReader(pid), seed: maphash.MakeSeed(), done: make(chan struct{})}
+	var at int64
 	for _, s := range run.Segments {
-		e.segAt = append(e.segAt, e.room) // room is the running sum here
-		e.room += s.Len
+		e.segAt = append(e.segAt, at)
+		at += s.Len
 	}
 	// Room for the image's bytes before the run, as predicted, with a
 	// margin for the memory the job maps before CRIU freezes it.
@@ -196,43 +198,42 @@ func (e *earlyCopy) finish(c *criu.PageCopy) error {
 // verify reads again, on every core, each chunk copied before the freeze,
 // and compares it with what was copied.
 func (e *earlyCopy) verify() error {
-	var next int
-	var mu sync.Mutex
-	var first error
+	var todo []int
+	for i, copied := range e.copied {
+		if copied {
+			todo = append(todo, i)
+		}
+	}
+	errs := make([]error, min(runtime.GOMAXPROCS(0), len(todo)))
+	var next atomic.Int64
+	var failed atomic.Bool
 	var wg sync.WaitGroup
-	for range runtime.GOMAXPROCS(0) {
+	for w := range errs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			buf := make([]byte, e.chunk)
-			for {
-				mu.Lock()
-				for next < len(e.copied) && !e.copied[next] {
-					next++
-				}
-				i := next
-				next++
-				stop := i >= len(e.copied) || first != nil
-				mu.Unlock()
-				if stop {
-					return
-				}
+			for k := next.Add(1) - 1; k < int64(len(todo)) && !failed.Load(); k = next.Add(1) - 1 {
+				i := todo[k]
 				err := e.read(buf, int64(i)*e.chunk)
 				if err == nil && maphash.Bytes(e.seed, buf) != e.sums[i] {
 					err = fmt.Errorf("PID %d: chunk %d of the run copied early changed before the freeze", e.pid, i)
 				}
 				if err != nil {
-					mu.Lock()
-					if first == nil {
-						first = err
-					}
-					mu.Unlock()
+					errs[w] = err
+					failed.Store(true)
+					return
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	return first
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // drop stops the copy and removes its data file.
@@ -243,18 +244,22 @@ func (e *earlyCopy) drop() {
 	e.cancel() // FillParallel, if still under way, returns
 	<-e.done
 	e.w.Abort()
-	e.w = nil
-	e.mem.Close()
+	e.release()
 	os.Remove(e.path)
+}
+
+// release lets go of the writer, its context and the process's memory.
+func (e *earlyCopy) release() {
+	e.w = nil
+	e.cancel()
+	e.mem.Close()
 }
 
 // close makes the data file durable and adds it, with the pages image's
 // entry, to the manifest.
 func (e *earlyCopy) close(p *catalog.Pending) error {
 	res, err := e.w.Close()
-	e.w = nil
-	e.cancel()
-	e.mem.Close()
+	e.release()
 	if err != nil {
 		return err
 	}

@@ -80,10 +80,11 @@ func findZeroPFN() (uint64, error) {
 
 // PredictLazyRun returns the longest run of pages of one mapping of
 // process pid that a dump with lazy pages would list as consecutive lazy
-// pages, were it to run now, following CRIU's rules: pages present or swapped (not the zero
-// page) of private mappings, lazy in anonymous ones except the page under
-// each thread's stack pointer, the vDSO whole and not lazy; private file
-// pages not written to, and shared memory, are not in the pages image.
+// pages, were it to run now, following CRIU's rules: pages present or
+// swapped (not the zero page) of private mappings, lazy in anonymous ones
+// except the page under each thread's stack pointer, the vDSO whole and
+// not lazy; private file pages not written to, and shared memory, are not
+// in the pages image.
 func PredictLazyRun(pid int) (LazyRun, error) {
 	var best LazyRun
 	err := lazyRuns(pid, func(r LazyRun) {
