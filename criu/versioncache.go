@@ -32,6 +32,10 @@ type binaryIdentity struct {
 type cachedVersion struct {
 	binaryIdentity
 	Version int `json:"version"`
+	// Files are what the loader maps to start the binary (LoaderFiles),
+	// for ReadAhead; an empty list when there are none, nil when not
+	// known yet (a cache from before they were kept).
+	Files []string `json:"files"`
 }
 
 func identify(path string) (binaryIdentity, error) {
@@ -55,6 +59,11 @@ func identify(path string) (binaryIdentity, error) {
 // unchanged. cacheDir "" means no cache. A binary that is a wrapper
 // (a script running another criu) is known by the wrapper alone: callers
 // check the version CRIU logs and correct the cache (ConfirmVersion).
+//
+// With a cache, it also starts reading ahead (ReadAhead, on a goroutine
+// of its own: opening the files may wait for the disk) the binary and the
+// files its loader maps, listed in the cache: the CRIU that the caller is
+// about to start then finds them in the page cache.
 func ResolveCached(path, cacheDir string) (string, int, error) {
 	if path == "" {
 		var err error
@@ -69,8 +78,14 @@ func ResolveCached(path, cacheDir string) (string, int, error) {
 		id, err = identify(path)
 		cached = err == nil
 		// A version too old to use is asked again: the refusal names it.
-		if v, ok := readVersionCache(cacheDir, id); cached && ok && v >= MinVersion {
-			return path, v, nil
+		if c, ok := readVersionCache(cacheDir, id); cached && ok && c.Version >= MinVersion {
+			if c.Files == nil {
+				if c.Files = loaderFilesOrNone(path); c.Files != nil {
+					writeVersionCache(cacheDir, c)
+				}
+			}
+			go ReadAhead(append([]string{path}, c.Files...))
+			return path, c.Version, nil
 		}
 	}
 	v, err := Version(path)
@@ -81,9 +96,24 @@ func ResolveCached(path, cacheDir string) (string, int, error) {
 		return "", 0, err
 	}
 	if cached {
-		writeVersionCache(cacheDir, id, v)
+		files := loaderFilesOrNone(path)
+		go ReadAhead(append([]string{path}, files...))
+		writeVersionCache(cacheDir, cachedVersion{id, v, files})
 	}
 	return path, v, nil
+}
+
+// loaderFilesOrNone is LoaderFiles, with an empty list for a binary
+// without a loader, and nil (not known) on another error.
+func loaderFilesOrNone(path string) []string {
+	files, err := LoaderFiles(path)
+	switch {
+	case errors.Is(err, ErrNotDynamic):
+		return []string{}
+	case err != nil:
+		return nil
+	}
+	return files
 }
 
 // ConfirmVersion reads the version the criu at path wrote into its log
@@ -96,27 +126,30 @@ func ConfirmVersion(path, cacheDir, logPath string, assumed int) int {
 		return assumed
 	}
 	if id, err := identify(path); err == nil && cacheDir != "" {
-		writeVersionCache(cacheDir, id, logged)
+		c, _ := readVersionCache(cacheDir, id) // its files, if any, stay
+		writeVersionCache(cacheDir, cachedVersion{id, logged, c.Files})
 	}
 	return logged
 }
 
-func readVersionCache(dir string, id binaryIdentity) (int, bool) {
+// readVersionCache returns the cache entry of the binary id, if the cache
+// has one.
+func readVersionCache(dir string, id binaryIdentity) (cachedVersion, bool) {
 	raw, err := os.ReadFile(filepath.Join(dir, versionCacheFile))
 	if err != nil {
-		return 0, false
+		return cachedVersion{}, false
 	}
 	var c cachedVersion
 	if json.Unmarshal(raw, &c) != nil || c.binaryIdentity != id || c.Version <= 0 {
-		return 0, false
+		return cachedVersion{}, false
 	}
-	return c.Version, true
+	return c, true
 }
 
 // writeVersionCache replaces the cache file whole (a new file renamed over
 // it); a cache that cannot be written is no error: the next run asks CRIU.
-func writeVersionCache(dir string, id binaryIdentity, version int) {
-	raw, err := json.Marshal(cachedVersion{id, version})
+func writeVersionCache(dir string, c cachedVersion) {
+	raw, err := json.Marshal(c)
 	if err != nil || os.MkdirAll(dir, 0o700) != nil {
 		return
 	}

@@ -11,16 +11,15 @@
 # checksummed, committed: CRIU writes the memory, streamed into the store),
 # the same with `--dump-pages copy` (stasis copies the private anonymous
 # memory from the frozen tree itself, on every core), and `stasis restore`
-# (CRIU
-# restores all but the
-# private anonymous memory, which stasis writes into the tree from every
-# core), `stasis restore --pages stream` (memory images streamed to CRIU as
-# they are verified) and `stasis restore --verify-first` (every image
-# unpacked and verified before CRIU runs; -C leaves these two out). Restores
-# start from a cold
-# page cache (drop_caches) on both sides. Each round measures both sides,
-# in alternating order; the best time of each over the rounds is reported.
-# Prints one JSON object per size.
+# (CRIU restores all but the private anonymous memory, which stasis writes
+# into the tree from every core), `stasis restore --pages stream` (memory
+# images streamed to CRIU as they are verified) and `stasis restore
+# --verify-first` (every image unpacked and verified before CRIU runs; -C
+# leaves these two out). Restores start from a cold page cache
+# (drop_caches) on both sides. Each round measures both sides, in
+# alternating order; the best time of each over the rounds is reported, and
+# under "median" the medians of the main ones. Prints one JSON object per
+# size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -177,10 +176,14 @@ for size in "${sizes[@]}"; do
 	done
 	kill -9 "$pid"; wait_gone "$pid"
 
-	python3 - "$size" "$(best "${hand_dump[@]}")" "$(best "${hand_sync[@]}")" "$hand_bytes" "$(best "${stasis_total[@]}")" "$(best "${stasis_pause[@]}")" "$stored" "$(best "${hand_restore[@]}")" "$(best "${stasis_restore[@]}")" "$(best "${stasis_restore_stream[@]}")" "$(best "${stasis_restore_vf[@]}")" "$rounds" "$(best "${disk_floor[@]}")" "$(best "${stasis_copy_pages[@]}")" <<'PY'
-import json, sys
-size, hd, hs, hb, st, sp, sb, hr, sr, ss, svf, rounds, df, scp = sys.argv[1:]
+	python3 - "$size" "$(best "${hand_dump[@]}")" "$(best "${hand_sync[@]}")" "$hand_bytes" "$(best "${stasis_total[@]}")" "$(best "${stasis_pause[@]}")" "$stored" "$(best "${hand_restore[@]}")" "$(best "${stasis_restore[@]}")" "$(best "${stasis_restore_stream[@]}")" "$(best "${stasis_restore_vf[@]}")" "$rounds" "$(best "${disk_floor[@]}")" "$(best "${stasis_copy_pages[@]}")" \
+		"${hand_dump[*]}" "${stasis_total[*]}" "${stasis_copy_pages[*]}" "${hand_restore[*]}" "${stasis_restore[*]}" <<'PY'
+import json, statistics, sys
+size, hd, hs, hb, st, sp, sb, hr, sr, ss, svf, rounds, df, scp = sys.argv[1:15]
 hd, hs, st, sp, hr, sr, ss, svf, df, scp = map(float, (hd, hs, st, sp, hr, sr, ss, svf, df, scp))
+# Medians over the rounds, next to the best times: a ratio of medians
+# says whether stasis wins round after round, not once.
+mhd, mst, mscp, mhr, msr = (statistics.median(map(float, a.split())) for a in sys.argv[15:20])
 hb, sb = int(hb), int(sb)
 print(json.dumps({
     "memory_mib": int(size), "rounds": int(rounds),
@@ -195,6 +198,14 @@ print(json.dumps({
     "disk_floor_vs_by_hand_dump": round(df / hd, 3),
     "by_hand_restore_s": round(hr, 3), "stasis_restore_s": round(sr, 3),
     "restore_vs_by_hand": round(sr / hr, 3),
+    "median": {
+        "by_hand_dump_s": round(mhd, 3), "stasis_checkpoint_s": round(mst, 3),
+        "stasis_checkpoint_copy_pages_s": round(mscp, 3),
+        "checkpoint_vs_by_hand_dump": round(mst / mhd, 3),
+        "copy_pages_vs_by_hand_dump": round(mscp / mhd, 3),
+        "by_hand_restore_s": round(mhr, 3), "stasis_restore_s": round(msr, 3),
+        "restore_vs_by_hand": round(msr / mhr, 3),
+    },
     **({
         "stasis_restore_streamed_s": round(ss, 3),
         "restore_streamed_vs_by_hand": round(ss / hr, 3),
