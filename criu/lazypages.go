@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -27,33 +28,96 @@ import (
 // an ordinary image.
 
 // LazyPagesFit says whether CRIU could hold memBytes of lazy pages in its
-// page pipes: two descriptors for each pipe of up to 3.2 MiB (CRIU's
-// PIPE_MAX_SIZE), within the open-file limit it will have: the hard limit
-// stasis passes on (raiseOpenFileLimit), or more where CRIU may raise it
-// (CAP_SYS_RESOURCE). It rules out what plainly cannot work, no more: CRIU
-// as root has still run out of descriptors for 12.9 GB of a CUDA
-// process's memory.
+// page pipes, which it keeps open until it ends: two descriptors per pipe,
+// within the open-file limit CRIU will have. Both sides of that depend on
+// whether CRIU may raise its limits (CAP_SYS_RESOURCE as the kernel checks
+// it: in the initial user namespace), which this process tries out on
+// itself (mayRaiseFileLimit):
+//   - if so, CRIU raises its open-file limit to fs.nr_open, and grows
+//     each pipe to 3.2 MiB (CRIU's PIPE_MAX_SIZE);
+//   - if not, CRIU keeps the hard limit (stasis raises its soft limit to
+//     it, raiseOpenFileLimit), and a pipe grows no larger than
+//     fs.pipe-max-size (1 MiB by default).
+//
+// On the GPU machine (root in a user namespace: a hard limit of 20000,
+// 1 MiB pipes) 8 GiB of memory fit and 16 GiB failed with CRIU's "Can't
+// make pipe for page-pipe: Too many open files"; so did CUDA processes of
+// 12.9 GB, where 8.5 GB worked.
 func LazyPagesFit(memBytes int64) bool {
-	if hasCapability(unix.CAP_SYS_RESOURCE) {
-		return true
+	return readPipeLimits().fit(memBytes)
+}
+
+// criuPipeMax is the most pages a CRIU page pipe holds: its PIPE_MAX_SIZE,
+// (1 << PAGE_ALLOC_COSTLY_ORDER) * PAGE_SIZE / sizeof(struct pipe_buffer).
+const criuPipeMax = 8 * PageSize / 40
+
+// pipeLimits are what bounds CRIU's page pipes.
+type pipeLimits struct {
+	privileged bool   // CRIU may raise its open-file limit and grow pipes past pipeMax
+	hardFiles  uint64 // RLIMIT_NOFILE's hard limit
+	nrOpen     uint64 // fs.nr_open
+	pipeMax    int64  // fs.pipe-max-size, bytes
+}
+
+func readPipeLimits() pipeLimits {
+	l := pipeLimits{privileged: mayRaiseFileLimit(), nrOpen: 1 << 20, pipeMax: 1 << 20}
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil {
+		l.hardFiles = lim.Max
 	}
+	if n, err := readSysctl("/proc/sys/fs/nr_open"); err == nil {
+		l.nrOpen = uint64(n)
+	}
+	if n, err := readSysctl("/proc/sys/fs/pipe-max-size"); err == nil {
+		l.pipeMax = n
+	}
+	return l
+}
+
+// fit says whether memBytes of lazy pages fit within l.
+func (l pipeLimits) fit(memBytes int64) bool {
+	files, pages := l.hardFiles, int64(criuPipeMax)
+	if l.privileged {
+		files = l.nrOpen
+	} else {
+		// CRIU doubles a pipe's size until the kernel refuses: the
+		// largest power of two pages within pipe-max-size.
+		p := int64(1)
+		for p*2 <= criuPipeMax && p*2*PageSize <= l.pipeMax {
+			p *= 2
+		}
+		pages = p
+	}
+	pipeBytes := pages * PageSize
+	need := 2*((memBytes+pipeBytes-1)/pipeBytes) + 1024 // and CRIU's own
+	return files == unix.RLIM_INFINITY || files >= uint64(need)
+}
+
+// mayRaiseFileLimit says whether this process may raise its hard
+// open-file limit, trying it: up by one, then back.
+func mayRaiseFileLimit() bool {
 	var lim unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) != nil {
 		return false
 	}
-	need := 2*(memBytes/(3<<20)+1) + 1024
-	return lim.Max == unix.RLIM_INFINITY || int64(lim.Max) >= need
-}
-
-// hasCapability says whether this process has capability bit c in its
-// effective set.
-func hasCapability(c int) bool {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if unix.Capget(&hdr, &data[0]) != nil {
+	if lim.Max == unix.RLIM_INFINITY {
+		return true
+	}
+	up := unix.Rlimit{Cur: lim.Cur, Max: lim.Max + 1}
+	if unix.Prlimit(0, unix.RLIMIT_NOFILE, &up, nil) != nil {
 		return false
 	}
-	return data[c/32].Effective&(1<<(uint(c)%32)) != 0
+	unix.Prlimit(0, unix.RLIMIT_NOFILE, &lim, nil)
+	return true
+}
+
+// readSysctl reads a number from a file under /proc/sys.
+func readSysctl(path string) (int64, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
 }
 
 // PageCopy is the complete pages image of one process dumped with lazy
