@@ -4,10 +4,10 @@
 // into the store, the small images into a scratch directory in RAM), and,
 // while the tree is still frozen, finishes storing them (compressed,
 // checksummed, durable) and commits them. Only then does CRIU kill the
-// tree (or resume it, with LeaveRunning). With CopyPages, CRIU leaves the
-// private anonymous memory out (lazy pages) and stasis copies it from the
-// frozen processes on every core before the commit. If anything fails before the
-// commit, including stasis being killed, CRIU resumes the tree: a failed
+// tree (or resume it, with LeaveRunning). Unless the tree uses CUDA
+// (Options.DumpPages), CRIU leaves the private anonymous memory out (lazy
+// pages) and stasis copies it from the processes on every core before the
+// commit. If anything fails before the commit, including stasis being killed, CRIU resumes the tree: a failed
 // checkpoint never leaves the job stopped or dead. A tree in a PID
 // namespace of its own is dumped by CRIU run inside that namespace, into
 // the scratch directory, which the store follows as it grows.
@@ -49,18 +49,12 @@ type Options struct {
 	// once it is durable; if storing fails, there is no checkpoint and the
 	// job runs on. Fast implies LeaveRunning.
 	Fast bool
-	// CopyPages has CRIU write only the pages it must (stacks, changed
-	// pages of file mappings) and, once CRIU has dumped the tree, with the
-	// tree frozen, stasis copies its private anonymous memory from the
-	// processes on every core (criu.Options.LazyPages). Otherwise CRIU
-	// writes all of the memory itself, on one thread, streamed into the
-	// store as it comes. Fast mode, a tree in a PID namespace of its own,
-	// and an open-file limit too low for CRIU's page pipes
-	// (criu.LazyPagesFit) always have CRIU write it.
-	CopyPages bool
-	// NoEarlyCopy, with CopyPages, has stasis start copying only once CRIU
-	// has dumped the tree, not on the largest part of the memory at once
-	// while CRIU dumps (early.go).
+	// DumpPages says how the memory gets into the checkpoint; the zero
+	// value is DumpPagesAuto.
+	DumpPages DumpPages
+	// NoEarlyCopy, where stasis copies the memory, has it start copying
+	// only once CRIU has dumped the tree, not on the largest part of the
+	// memory at once while CRIU dumps (early.go).
 	NoEarlyCopy bool
 	CRIU        criu.Options
 	Writer      gdswriter.WriterOptions
@@ -93,6 +87,48 @@ type Meta struct {
 	Mounts      []Mount      `json:"mounts,omitempty"`
 }
 
+// DumpPages is how the memory gets into a process checkpoint.
+type DumpPages int
+
+const (
+	// DumpPagesAuto is DumpPagesCopy, but DumpPagesCRIU for a tree with
+	// CUDA processes: the GPU checkpoints were measured, and met their
+	// targets, with CRIU writing the memory; copy was not measured
+	// enough there (docs/benchmarks.md).
+	DumpPagesAuto DumpPages = iota
+	// DumpPagesCRIU has CRIU write all of the memory itself, on one
+	// thread, streamed into the store as it comes.
+	DumpPagesCRIU
+	// DumpPagesCopy has CRIU write only the pages it must (stacks,
+	// changed pages of file mappings) and, once CRIU has dumped the tree,
+	// with the tree frozen, stasis copies its private anonymous memory
+	// from the processes on every core (criu.Options.LazyPages), its
+	// largest run from the moment CRIU starts (early.go). Fast mode, a
+	// tree in a PID namespace of its own, and an open-file limit too low
+	// for CRIU's page pipes (criu.LazyPagesFit) always have CRIU write it.
+	DumpPagesCopy
+)
+
+// copies says whether stasis copies the memory of a tree, which uses CUDA
+// or not, rather than CRIU writing it (before the limits of
+// DumpPagesCopy).
+func (d DumpPages) copies(usesCUDA bool) bool {
+	return d == DumpPagesCopy || d == DumpPagesAuto && !usesCUDA
+}
+
+// ParseDumpPages reads "auto", "criu" or "copy".
+func ParseDumpPages(s string) (DumpPages, error) {
+	switch s {
+	case "auto":
+		return DumpPagesAuto, nil
+	case "criu":
+		return DumpPagesCRIU, nil
+	case "copy":
+		return DumpPagesCopy, nil
+	}
+	return 0, fmt.Errorf("%q: want auto, criu or copy", s)
+}
+
 // Result reports a checkpoint.
 type Result struct {
 	Record *catalog.Record
@@ -112,10 +148,14 @@ type Result struct {
 	// images, the data file's flush and the catalog's commit.
 	Backlog, Commit time.Duration
 	// CopiedPages is how many bytes of the tree's memory stasis copied
-	// itself rather than CRIU (Options.CopyPages); EarlyCopied, how many
+	// itself rather than CRIU (Options.DumpPages); EarlyCopied, how many
 	// of them it copied while CRIU dumped (early.go). EarlyDropped says
 	// why an early copy did not hold, for each that did not.
 	CopiedPages, EarlyCopied int64
+	// PagesCopied says whether stasis copied the memory (a dump with lazy
+	// pages) rather than CRIU writing it: what Options.DumpPages and its
+	// limits came to.
+	PagesCopied bool
 	EarlyDropped             []string
 }
 
@@ -287,7 +327,8 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	// Whether stasis copies the memory pages itself, after CRIU's dump,
 	// with the tree frozen (then nothing comes through CRIU's pipes that
 	// a backlog would help with).
-	copyPages := o.CopyPages && !o.Fast && !nested && criu.LazyPagesFit(rss)
+	copyPages := o.DumpPages.copies(gpu != nil) && !o.Fast && !nested && criu.LazyPagesFit(rss)
+	res.PagesCopied = copyPages
 	w := o.Writer
 	w.Progress = o.Progress
 	if w.Backlog == 0 && !copyPages {

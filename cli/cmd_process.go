@@ -30,8 +30,8 @@ func processFlags() []ucli.Flag {
 	return append([]ucli.Flag{
 		&ucli.DurationFlag{Name: "gpu-lock-timeout", Value: checkpoint.DefaultLockTimeout, Usage: "how long the CUDA lock waits for GPU work already submitted; past it the checkpoint is rolled back"},
 		&ucli.StringFlag{Name: "compress", Value: "auto", Usage: "none, zstd, s2 or auto"},
-		&ucli.StringFlag{Name: "dump-pages", Value: "criu", Usage: "how the memory gets into a process checkpoint: criu (CRIU writes all of it, on one thread, streamed into the store as it comes) or copy (CRIU leaves out the private anonymous memory, which stasis copies itself on every core: its largest run while CRIU dumps, the rest from the frozen tree once CRIU is done)"},
-		&ucli.BoolFlag{Name: "early-copy", Value: true, Usage: "with --dump-pages copy: start on the largest run of memory while CRIU dumps (checked page for page at the end; --early-copy=false copies it all once CRIU is done)"},
+		&ucli.StringFlag{Name: "dump-pages", Value: "auto", Usage: "how the memory gets into a process checkpoint: copy (CRIU leaves out the private anonymous memory, which stasis copies itself: its largest run while CRIU dumps, the rest from the frozen tree once CRIU is done), criu (CRIU writes all of it, on one thread, streamed into the store as it comes), or auto (copy, but criu for a tree that uses CUDA)"},
+		&ucli.BoolFlag{Name: "early-copy", Value: true, Usage: "where stasis copies the memory: start on the largest run of it while CRIU dumps (checked page for page at the end; --early-copy=false copies it all once CRIU is done)"},
 	}, criuFlags()...)
 }
 
@@ -41,16 +41,12 @@ func processOptions(c *ucli.Context) (checkpoint.Options, error) {
 	if err != nil {
 		return checkpoint.Options{}, usagef("--compress: " + err.Error())
 	}
-	var copyPages bool
-	switch c.String("dump-pages") {
-	case "criu":
-	case "copy":
-		copyPages = true
-	default:
-		return checkpoint.Options{}, usagef(fmt.Sprintf("--dump-pages %q: want criu or copy", c.String("dump-pages")))
+	dumpPages, err := checkpoint.ParseDumpPages(c.String("dump-pages"))
+	if err != nil {
+		return checkpoint.Options{}, usagef("--dump-pages " + err.Error())
 	}
 	return checkpoint.Options{
-		CopyPages:   copyPages,
+		DumpPages:   dumpPages,
 		NoEarlyCopy: !c.Bool("early-copy"),
 		LockTimeout: c.Duration("gpu-lock-timeout"),
 		CRIU: criu.Options{ShellJob: c.Bool("shell-job"), TCPEstablished: c.Bool("tcp-established"),
@@ -105,7 +101,7 @@ func (e *env) checkpointCommand() *ucli.Command {
 					"record": rec, "hash_seconds": res.Hash.Seconds(), "gpu_lock_seconds": res.GPULock.Seconds(), "gpu_checkpoint_seconds": res.GPUCheckpoint.Seconds(),
 					"dump_seconds": res.Dump.Seconds(), "store_seconds": res.Store.Seconds(), "gpu_resume_seconds": res.GPUResume.Seconds(),
 					"pause_seconds": res.Pause.Seconds(), "store_backlog_seconds": res.Backlog.Seconds(), "commit_seconds": res.Commit.Seconds(),
-					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM, "copied_pages_bytes": res.CopiedPages,
+					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM, "copied_pages_bytes": res.CopiedPages, "dump_pages": dumpPagesUsed(res),
 					"early_copied_bytes": res.EarlyCopied, "early_copy_dropped": res.EarlyDropped,
 				}), hookErr)
 			}
@@ -194,4 +190,13 @@ func (e *env) restoreCommand() *ucli.Command {
 			return hookErr
 		},
 	}
+}
+
+// dumpPagesUsed names what --dump-pages came to for a checkpoint: copy or
+// criu.
+func dumpPagesUsed(res *checkpoint.Result) string {
+	if res.PagesCopied {
+		return "copy"
+	}
+	return "criu"
 }

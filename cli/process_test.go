@@ -285,25 +285,21 @@ func TestRestoreRefusesCorruptImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	// chunkOf finds the data file chunk holding the middle of the first
-	// entry that match accepts, and where that chunk lies in the file.
-	chunkOf := func(match func(name string) bool) (index int, fileOffset int64) {
+	// entry that match accepts, and where that chunk lies in its file
+	// (the memory copied early has a data file of its own).
+	chunkOf := func(match func(name string) bool) (file string, index int, fileOffset int64) {
 		for _, e := range m.Entries {
 			if e.Type == catalog.EntryFile && e.Size > 0 && match(e.Path) {
 				df := m.Files[e.File]
 				i := int((e.Offset + e.Size/2) / df.ChunkSize)
-				return i, df.Chunks[i].Offset + df.Chunks[i].Stored/2
+				return df.Name, i, df.Chunks[i].Offset + df.Chunks[i].Stored/2
 			}
 		}
 		t.Fatal("no such image in the checkpoint")
-		return 0, 0
+		return "", 0, 0
 	}
 	isPages := func(n string) bool { return strings.HasPrefix(n, "pages-") }
 	isCore := func(n string) bool { return strings.HasPrefix(n, "core-") }
-	data := filepath.Join(home, "checkpoints", id, "data.0000")
-	good, err := os.ReadFile(data)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, c := range []struct {
 		name      string
 		image     func(string) bool
@@ -319,7 +315,12 @@ func TestRestoreRefusesCorruptImages(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			logs, _ := filepath.Glob(filepath.Join(home, "logs", "*restore.log"))
-			index, off := chunkOf(c.image)
+			name, index, off := chunkOf(c.image)
+			data := filepath.Join(home, "checkpoints", id, name)
+			good, err := os.ReadFile(data)
+			if err != nil {
+				t.Fatal(err)
+			}
 			bad := bytes.Clone(good)
 			bad[off] ^= 0x01
 			if err := os.WriteFile(data, bad, 0o600); err != nil {
@@ -327,7 +328,7 @@ func TestRestoreRefusesCorruptImages(t *testing.T) {
 			}
 			defer os.WriteFile(data, good, 0o600)
 			r := run(t, home, append([]string{"restore", id}, c.args...)...)
-			expectCode(t, r, cli.ExitCorrupt, fmt.Sprintf(`data\.0000: chunk %d at offset \d+: checksum mismatch.*%s`, index, c.errSuffix))
+			expectCode(t, r, cli.ExitCorrupt, fmt.Sprintf(`%s: chunk %d at offset \d+: checksum mismatch.*%s`, regexp.QuoteMeta(name), index, c.errSuffix))
 			// A tree CRIU undid was killed before it ran, but may take a
 			// moment to be gone (its PID is the original's); it never
 			// counted.
@@ -719,7 +720,7 @@ func waitMemchecks(t *testing.T, out string, from int) int {
 // nearly zero and untouched, shared copy-on-write with the child or
 // rewritten by it; read-only and inaccessible anonymous memory; changed
 // pages of a private file mapping; the heap) with the memory copied by
-// stasis and by CRIU (as by default), and restores it in each way the
+// stasis (as by default) and by CRIU, and restores it in each way the
 // memory can come back, and in a new PID namespace; both processes find
 // every byte as it was.
 func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
@@ -731,13 +732,14 @@ func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "checks")
 	pid := startDetached(t, "python3", "testdata/memcheck.py", out)
 	from := waitMemchecks(t, out, 0)
-	copied := func(args ...string) (string, int64) {
+	copied := func(args ...string) (id string, copied int64, used string) {
 		r := mustRun(t, home, append([]string{"checkpoint", "--json", "--pid", strconv.Itoa(pid)}, args...)...)
 		var rep struct {
 			Record struct {
 				ID string `json:"id"`
 			} `json:"record"`
 			Copied  int64    `json:"copied_pages_bytes"`
+			Used    string   `json:"dump_pages"`
 			Early   int64    `json:"early_copied_bytes"`
 			Dropped []string `json:"early_copy_dropped"`
 		}
@@ -751,15 +753,15 @@ func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
 			// restores below check every byte either way.
 			t.Errorf("--dump-pages copy made no early copy (copied %d bytes early, none dropped)", rep.Early)
 		}
-		return rep.Record.ID, rep.Copied
+		return rep.Record.ID, rep.Copied, rep.Used
 	}
-	byCRIU, n := copied("--leave-running")
-	if n != 0 {
-		t.Errorf("by default (--dump-pages criu), stasis copied %d bytes of memory", n)
+	byCRIU, n, used := copied("--leave-running", "--dump-pages", "criu")
+	if n != 0 || used != "criu" {
+		t.Errorf("--dump-pages criu: stasis copied %d bytes of memory; dump_pages %q", n, used)
 	}
-	id, n := copied("--dump-pages", "copy")
-	if n < 2*(16<<20) {
-		t.Errorf("--dump-pages copy: stasis copied %d bytes of memory; the two processes hold more than %d", n, 2*(16<<20))
+	id, n, used := copied() // --dump-pages auto: copy, for a tree without CUDA
+	if n < 2*(16<<20) || used != "copy" {
+		t.Errorf("by default: stasis copied %d bytes of memory (the two processes hold more than %d); dump_pages %q", n, 2*(16<<20), used)
 	}
 	waitGone(t, pid)
 	for _, args := range [][]string{{"--pages", "fill"}, {"--pages", "stream"}, {"--pages", "unpack"}, {"--new-pidns"}, {"--dump-pages=criu", "--pages", "fill"}} {

@@ -8,11 +8,12 @@
 # By hand: `criu dump --leave-running -D DIR/by-hand` (the images land in the
 # page cache), then `sync` to make them durable; `criu restore -d`.
 # stasis: `stasis checkpoint --leave-running` (durable, compressed,
-# checksummed, committed: CRIU writes the memory, streamed into the store),
-# the same with `--dump-pages copy` (stasis copies the private anonymous
-# memory from the frozen tree itself, on every core), and `stasis restore`
-# (CRIU restores all but the private anonymous memory, which stasis writes
-# into the tree from every core), `stasis restore --pages stream` (memory
+# checksummed, committed; stasis copies the private anonymous memory
+# itself, its largest run while CRIU dumps), the same with `--dump-pages
+# criu` (CRIU writes the memory, streamed into the store), and `stasis
+# restore` of the first (CRIU restores all but the private anonymous
+# memory, which stasis writes into the tree from every core), `stasis
+# restore --pages stream` (memory
 # images streamed to CRIU as they are verified) and `stasis restore
 # --verify-first` (every image unpacked and verified before CRIU runs; -C
 # leaves these two out). Restores start from a cold page cache
@@ -78,7 +79,7 @@ best() { python3 -c 'import sys; print(min(float(x) for x in sys.argv[1:]))' "$@
 
 # One side's checkpoint; sets the named result variables. The restores use
 # the checkpoint stasis_checkpoint took last, so it comes after
-# stasis_checkpoint_copy_pages (which empties the store) in a round.
+# stasis_checkpoint_criu_pages (which empties the store) in a round.
 by_hand_checkpoint() {
 	rm -rf "$dir/by-hand"; mkdir -p "$dir/by-hand"
 	cold
@@ -98,14 +99,14 @@ clear_store() {
 		"$stasis" rm "$old" >/dev/null
 	done
 }
-# stasis's checkpoint copying the memory itself.
-stasis_checkpoint_copy_pages() {
+# stasis's checkpoint with CRIU writing the memory.
+stasis_checkpoint_criu_pages() {
 	clear_store
 	cold
 	local t
 	t=$(now)
-	"$stasis" checkpoint --pid "$pid" --leave-running --job bench --dump-pages copy >/dev/null
-	stasis_copy_pages+=("$(since "$t")")
+	"$stasis" checkpoint --pid "$pid" --leave-running --job bench --dump-pages criu >/dev/null
+	stasis_criu_pages+=("$(since "$t")")
 	wait_counting "$dir/count"
 }
 stasis_checkpoint() {
@@ -160,7 +161,7 @@ stasis_restore() {
 mkdir -p "$dir"
 for size in "${sizes[@]}"; do
 	rm -rf "$dir/by-hand" "$STASIS_HOME" "$dir/count"
-	hand_dump=(); hand_sync=(); disk_floor=(); stasis_total=(); stasis_copy_pages=(); stasis_pause=(); hand_restore=(); stasis_restore=(); stasis_parts=(); stasis_restore_stream=(); stasis_restore_vf=()
+	hand_dump=(); hand_sync=(); disk_floor=(); stasis_total=(); stasis_criu_pages=(); stasis_pause=(); hand_restore=(); stasis_restore=(); stasis_parts=(); stasis_restore_stream=(); stasis_restore_vf=()
 	pid=$(sh -c "setsid python3 cli/testdata/memory.py '$dir/count' $size </dev/null >/dev/null 2>&1 & echo \$!")
 	until [ -s "$dir/count" ]; do sleep 0.1; done
 	wait_counting "$dir/count"
@@ -168,22 +169,22 @@ for size in "${sizes[@]}"; do
 		# Both checkpoints of a round image the same running process; the
 		# restores then bring back the by-hand image and stasis's in turn.
 		if ((round % 2 == 0)); then
-			by_hand_checkpoint; stasis_checkpoint_copy_pages; stasis_checkpoint; by_hand_restore; stasis_restore
+			by_hand_checkpoint; stasis_checkpoint_criu_pages; stasis_checkpoint; by_hand_restore; stasis_restore
 		else
-			stasis_checkpoint_copy_pages; stasis_checkpoint; by_hand_checkpoint; stasis_restore; by_hand_restore
+			stasis_checkpoint_criu_pages; stasis_checkpoint; by_hand_checkpoint; stasis_restore; by_hand_restore
 		fi
-		echo "round $((round + 1)): by hand dump ${hand_dump[-1]} s (+ sync ${hand_sync[-1]} s), raw O_DIRECT write of the stored bytes ${disk_floor[-1]} s, restore ${hand_restore[-1]} s; stasis checkpoint ${stasis_total[-1]} s (${stasis_parts[-1]}), with --dump-pages copy ${stasis_copy_pages[-1]} s, restore ${stasis_restore[-1]} s (--pages stream ${stasis_restore_stream[-1]} s, --verify-first ${stasis_restore_vf[-1]} s)" >&2
+		echo "round $((round + 1)): by hand dump ${hand_dump[-1]} s (+ sync ${hand_sync[-1]} s), raw O_DIRECT write of the stored bytes ${disk_floor[-1]} s, restore ${hand_restore[-1]} s; stasis checkpoint ${stasis_total[-1]} s (${stasis_parts[-1]}), with --dump-pages criu ${stasis_criu_pages[-1]} s, restore ${stasis_restore[-1]} s (--pages stream ${stasis_restore_stream[-1]} s, --verify-first ${stasis_restore_vf[-1]} s)" >&2
 	done
 	kill -9 "$pid"; wait_gone "$pid"
 
-	python3 - "$size" "$(best "${hand_dump[@]}")" "$(best "${hand_sync[@]}")" "$hand_bytes" "$(best "${stasis_total[@]}")" "$(best "${stasis_pause[@]}")" "$stored" "$(best "${hand_restore[@]}")" "$(best "${stasis_restore[@]}")" "$(best "${stasis_restore_stream[@]}")" "$(best "${stasis_restore_vf[@]}")" "$rounds" "$(best "${disk_floor[@]}")" "$(best "${stasis_copy_pages[@]}")" \
-		"${hand_dump[*]}" "${stasis_total[*]}" "${stasis_copy_pages[*]}" "${hand_restore[*]}" "${stasis_restore[*]}" <<'PY'
+	python3 - "$size" "$(best "${hand_dump[@]}")" "$(best "${hand_sync[@]}")" "$hand_bytes" "$(best "${stasis_total[@]}")" "$(best "${stasis_pause[@]}")" "$stored" "$(best "${hand_restore[@]}")" "$(best "${stasis_restore[@]}")" "$(best "${stasis_restore_stream[@]}")" "$(best "${stasis_restore_vf[@]}")" "$rounds" "$(best "${disk_floor[@]}")" "$(best "${stasis_criu_pages[@]}")" \
+		"${hand_dump[*]}" "${stasis_total[*]}" "${stasis_criu_pages[*]}" "${hand_restore[*]}" "${stasis_restore[*]}" <<'PY'
 import json, statistics, sys
-size, hd, hs, hb, st, sp, sb, hr, sr, ss, svf, rounds, df, scp = sys.argv[1:15]
-hd, hs, st, sp, hr, sr, ss, svf, df, scp = map(float, (hd, hs, st, sp, hr, sr, ss, svf, df, scp))
+size, hd, hs, hb, st, sp, sb, hr, sr, ss, svf, rounds, df, scr = sys.argv[1:15]
+hd, hs, st, sp, hr, sr, ss, svf, df, scr = map(float, (hd, hs, st, sp, hr, sr, ss, svf, df, scr))
 # Medians over the rounds, next to the best times: a ratio of medians
 # says whether stasis wins round after round, not once.
-mhd, mst, mscp, mhr, msr = (statistics.median(map(float, a.split())) for a in sys.argv[15:20])
+mhd, mst, mscr, mhr, msr = (statistics.median(map(float, a.split())) for a in sys.argv[15:20])
 hb, sb = int(hb), int(sb)
 print(json.dumps({
     "memory_mib": int(size), "rounds": int(rounds),
@@ -191,8 +192,8 @@ print(json.dumps({
     "stasis_checkpoint_s": round(st, 3), "stasis_frozen_s": round(sp, 3), "stasis_stored_bytes": sb,
     "checkpoint_vs_by_hand_dump": round(st / hd, 3),
     "checkpoint_vs_by_hand_dump_sync": round(st / (hd + hs), 3),
-    "stasis_checkpoint_copy_pages_s": round(scp, 3),
-    "copy_pages_vs_by_hand_dump": round(scp / hd, 3),
+    "stasis_checkpoint_criu_pages_s": round(scr, 3),
+    "criu_pages_vs_by_hand_dump": round(scr / hd, 3),
     "stored_vs_by_hand_image": round(sb / hb, 3),
     "disk_floor_s": round(df, 3),
     "disk_floor_vs_by_hand_dump": round(df / hd, 3),
@@ -200,9 +201,9 @@ print(json.dumps({
     "restore_vs_by_hand": round(sr / hr, 3),
     "median": {
         "by_hand_dump_s": round(mhd, 3), "stasis_checkpoint_s": round(mst, 3),
-        "stasis_checkpoint_copy_pages_s": round(mscp, 3),
+        "stasis_checkpoint_criu_pages_s": round(mscr, 3),
         "checkpoint_vs_by_hand_dump": round(mst / mhd, 3),
-        "copy_pages_vs_by_hand_dump": round(mscp / mhd, 3),
+        "criu_pages_vs_by_hand_dump": round(mscr / mhd, 3),
         "by_hand_restore_s": round(mhr, 3), "stasis_restore_s": round(msr, 3),
         "restore_vs_by_hand": round(msr / mhr, 3),
     },
