@@ -152,11 +152,11 @@ type Result struct {
 	// of them it copied while CRIU dumped (early.go). EarlyDropped says
 	// why an early copy did not hold, for each that did not.
 	CopiedPages, EarlyCopied int64
+	EarlyDropped             []string
 	// PagesCopied says whether stasis copied the memory (a dump with lazy
 	// pages) rather than CRIU writing it: what Options.DumpPages and its
 	// limits came to.
 	PagesCopied bool
-	EarlyDropped             []string
 }
 
 // Run checkpoints the process tree rooted at o.PID into s.
