@@ -92,9 +92,8 @@ type DumpPages int
 
 const (
 	// DumpPagesAuto is DumpPagesCopy, but DumpPagesCRIU for a tree with
-	// CUDA processes: the GPU checkpoints were measured, and met their
-	// targets, with CRIU writing the memory; copy was not measured
-	// enough there (docs/benchmarks.md).
+	// CUDA processes: their checkpoints took longer with copy on the GPU
+	// machine (docs/benchmarks.md).
 	DumpPagesAuto DumpPages = iota
 	// DumpPagesCRIU has CRIU write all of the memory itself, on one
 	// thread, streamed into the store as it comes.
