@@ -4,11 +4,14 @@
 // into the store, the small images into a scratch directory in RAM), and,
 // while the tree is still frozen, finishes storing them (compressed,
 // checksummed, durable) and commits them. Only then does CRIU kill the
-// tree (or resume it, with LeaveRunning). Unless the tree uses CUDA
-// (Options.DumpPages), CRIU leaves the private anonymous memory out (lazy
-// pages) and stasis copies it from the processes on every core before the
-// commit. If anything fails before the commit, including stasis being killed, CRIU resumes the tree: a failed
-// checkpoint never leaves the job stopped or dead. A tree in a PID
+// tree (or resume it, with LeaveRunning). By default (Options.DumpPages),
+// unless the tree uses CUDA, runs in a PID namespace of its own, or has
+// more memory than CRIU's page pipes can hold, and not in Fast mode, CRIU
+// leaves the private anonymous memory out (lazy pages) and stasis copies
+// it from the processes before the commit, starting as CRIU starts. If
+// anything fails before the commit, including stasis being killed, CRIU
+// resumes the tree: a failed checkpoint never leaves the job stopped or
+// dead. A tree in a PID
 // namespace of its own is dumped by CRIU run inside that namespace, into
 // the scratch directory, which the store follows as it grows.
 package checkpoint

@@ -64,8 +64,9 @@ func dumpStreamed(o Options, pid int, imagesDir, workDir string, hooks Hooks) er
 		defer sock.Close()
 		extra = append(extra, sock)
 		args = append(args, "--lazy-pages", "--ps-socket", "3")
-		// CRIU holds every lazy page in its page pipes until it ends: at
-		// 3.2 MiB a pipe, 640 descriptors per GiB of memory.
+		// CRIU holds every lazy page in its page pipes until it ends: two
+		// descriptors per pipe of 1 MiB (3.2 MiB with CAP_SYS_RESOURCE;
+		// LazyPagesFit).
 		raiseOpenFileLimit()
 	}
 	args = append(args, o.commandLineFlags()...)

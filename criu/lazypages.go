@@ -30,19 +30,22 @@ import (
 // LazyPagesFit says whether CRIU could hold memBytes of lazy pages in its
 // page pipes, which it keeps open until it ends: two descriptors per pipe,
 // within the open-file limit CRIU will have. Both sides of that depend on
-// whether CRIU may raise its limits (CAP_SYS_RESOURCE as the kernel checks
-// it: in the initial user namespace), which this process tries out on
-// itself (mayRaiseFileLimit):
-//   - if so, CRIU raises its open-file limit to fs.nr_open, and grows
-//     each pipe to 3.2 MiB (CRIU's PIPE_MAX_SIZE);
-//   - if not, CRIU keeps the hard limit (stasis raises its soft limit to
-//     it, raiseOpenFileLimit), and a pipe grows no larger than
-//     fs.pipe-max-size (1 MiB by default).
+// CRIU's capabilities as the kernel checks them (in the initial user
+// namespace; CRIU has this process's):
+//   - with CAP_SYS_RESOURCE, CRIU raises its open-file limit to
+//     fs.nr_open and grows each pipe to 3.2 MiB (CRIU's PIPE_MAX_SIZE;
+//     the kernel rounds it up to 4 MiB);
+//   - without it, CRIU keeps the hard limit (stasis raises its soft
+//     limit to it, raiseOpenFileLimit), and a pipe grows no larger than
+//     fs.pipe-max-size (1 MiB by default);
+//   - without CAP_SYS_ADMIN as well, the user's pipes hold no more than
+//     fs.pipe-user-pages-soft pages (64 MiB by default) before new ones
+//     get two pages and cannot grow.
 //
-// On the GPU machine (root in a user namespace: a hard limit of 20000,
-// 1 MiB pipes) 8 GiB of memory fit and 16 GiB failed with CRIU's "Can't
-// make pipe for page-pipe: Too many open files"; so did CUDA processes of
-// 12.9 GB, where 8.5 GB worked.
+// On the GPU machine (root without CAP_SYS_RESOURCE, a hard limit of
+// 20000) 8 GiB of memory fit and 16 GiB failed with CRIU's "Can't make
+// pipe for page-pipe: Too many open files"; so did CUDA processes of 12.9
+// GB, where 8.5 GB worked.
 func LazyPagesFit(memBytes int64) bool {
 	return readPipeLimits().fit(memBytes)
 }
@@ -53,14 +56,20 @@ const criuPipeMax = 8 * PageSize / 40
 
 // pipeLimits are what bounds CRIU's page pipes.
 type pipeLimits struct {
-	privileged bool   // CRIU may raise its open-file limit and grow pipes past pipeMax
-	hardFiles  uint64 // RLIMIT_NOFILE's hard limit
-	nrOpen     uint64 // fs.nr_open
-	pipeMax    int64  // fs.pipe-max-size, bytes
+	sysResource bool   // CAP_SYS_RESOURCE: the open-file limit to nrOpen, pipes past pipeMax
+	sysAdmin    bool   // CAP_SYS_ADMIN: pipes past userPages
+	hardFiles   uint64 // RLIMIT_NOFILE's hard limit
+	nrOpen      uint64 // fs.nr_open
+	pipeMax     int64  // fs.pipe-max-size, bytes
+	userPages   int64  // fs.pipe-user-pages-soft, pages; 0: no limit
 }
 
 func readPipeLimits() pipeLimits {
-	l := pipeLimits{privileged: mayRaiseFileLimit(), nrOpen: 1 << 20, pipeMax: 1 << 20}
+	l := pipeLimits{
+		sysResource: capableInInitialNS(unix.CAP_SYS_RESOURCE),
+		sysAdmin:    capableInInitialNS(unix.CAP_SYS_ADMIN),
+		nrOpen:      1 << 20, pipeMax: 1 << 20, userPages: 16384,
+	}
 	var lim unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil {
 		l.hardFiles = lim.Max
@@ -71,44 +80,48 @@ func readPipeLimits() pipeLimits {
 	if n, err := readSysctl("/proc/sys/fs/pipe-max-size"); err == nil {
 		l.pipeMax = n
 	}
+	if n, err := readSysctl("/proc/sys/fs/pipe-user-pages-soft"); err == nil {
+		l.userPages = n
+	}
 	return l
 }
 
 // fit says whether memBytes of lazy pages fit within l.
 func (l pipeLimits) fit(memBytes int64) bool {
-	files, pages := l.hardFiles, int64(criuPipeMax)
-	if l.privileged {
-		files = l.nrOpen
-	} else {
-		// CRIU doubles a pipe's size until the kernel refuses: the
-		// largest power of two pages within pipe-max-size.
-		p := int64(1)
-		for p*2 <= criuPipeMax && p*2*PageSize <= l.pipeMax {
-			p *= 2
-		}
-		pages = p
+	if l.sysResource {
+		pipeBytes := int64(criuPipeMax) * PageSize
+		return l.nrOpen >= uint64(2*ceilDiv(memBytes, pipeBytes)+1024)
+	}
+	// CRIU doubles a pipe's size until the kernel refuses: the largest
+	// power of two pages within pipe-max-size.
+	pages := int64(1)
+	for pages*2 <= criuPipeMax && pages*2*PageSize <= l.pipeMax {
+		pages *= 2
 	}
 	pipeBytes := pages * PageSize
-	need := 2*((memBytes+pipeBytes-1)/pipeBytes) + 1024 // and CRIU's own
-	return files == unix.RLIM_INFINITY || files >= uint64(need)
+	pipes := ceilDiv(memBytes, pipeBytes)
+	if quota := l.userPages * PageSize; !l.sysAdmin && quota > 0 && memBytes > quota {
+		// Past the user's quota, pipes of two pages.
+		pipes = ceilDiv(quota, pipeBytes) + ceilDiv(memBytes-quota, 2*PageSize)
+	}
+	need := 2*pipes + 1024 // and CRIU's own
+	return l.hardFiles == unix.RLIM_INFINITY || l.hardFiles >= uint64(need)
 }
 
-// mayRaiseFileLimit says whether this process may raise its hard
-// open-file limit, trying it: up by one, then back.
-func mayRaiseFileLimit() bool {
-	var lim unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) != nil {
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// capableInInitialNS says whether this process has capability c in its
+// effective set and runs in the initial user namespace, where the kernel
+// checks the limits above (capable()).
+func capableInInitialNS(c int) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if unix.Capget(&hdr, &data[0]) != nil || data[c/32].Effective&(1<<(uint(c)%32)) == 0 {
 		return false
 	}
-	if lim.Max == unix.RLIM_INFINITY {
-		return true
-	}
-	up := unix.Rlimit{Cur: lim.Cur, Max: lim.Max + 1}
-	if unix.Prlimit(0, unix.RLIMIT_NOFILE, &up, nil) != nil {
-		return false
-	}
-	unix.Prlimit(0, unix.RLIMIT_NOFILE, &lim, nil)
-	return true
+	uidMap, err := os.ReadFile("/proc/self/uid_map")
+	f := strings.Fields(string(uidMap))
+	return err == nil && len(f) == 3 && f[0] == "0" && f[1] == "0" && f[2] == "4294967295"
 }
 
 // readSysctl reads a number from a file under /proc/sys.

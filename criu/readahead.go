@@ -7,8 +7,10 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -24,26 +26,19 @@ import (
 // 200 ms later so (docs/benchmarks.md). ReadAhead asks for all of those
 // files at once, before stasis's own I/O starts.
 
-// ErrNotDynamic is LoaderFiles's error for a file that is not a
-// dynamically linked ELF executable: a script, a static binary.
-var ErrNotDynamic = errors.New("not a dynamically linked ELF executable")
+// ErrNotDynamic is LoaderFiles's error for a file that is not an ELF
+// executable started by glibc's dynamic loader: a script, a static binary,
+// one for another loader (musl's runs the program instead of listing).
+var ErrNotDynamic = errors.New("not an ELF executable of glibc's dynamic loader")
 
 // LoaderFiles lists the files the dynamic loader maps to start the
 // executable at path: the shared libraries it needs, as the loader finds
-// them, and the loader itself. It asks the loader (LD_TRACE_LOADED_OBJECTS,
-// as ldd does), which lists them and exits without running the program;
-// a file without a loader (ErrNotDynamic) is not run at all.
+// them, and the loader itself. It asks glibc's loader
+// (LD_TRACE_LOADED_OBJECTS, as ldd does), which lists them and exits
+// without running the program; any other file (ErrNotDynamic) is not run
+// at all.
 func LoaderFiles(path string) ([]string, error) {
-	f, err := elf.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, ErrNotDynamic)
-	}
-	dynamic := false
-	for _, p := range f.Progs {
-		dynamic = dynamic || p.Type == elf.PT_INTERP
-	}
-	f.Close()
-	if !dynamic {
+	if interp, err := interpreter(path); err != nil || !strings.HasPrefix(filepath.Base(interp), "ld-linux") {
 		return nil, fmt.Errorf("%s: %w", path, ErrNotDynamic)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -55,6 +50,23 @@ func LoaderFiles(path string) ([]string, error) {
 		return nil, fmt.Errorf("%s under LD_TRACE_LOADED_OBJECTS: %w", path, err)
 	}
 	return parseLoaderList(out), nil
+}
+
+// interpreter is the program interpreter (PT_INTERP) the ELF file at path
+// names: its dynamic loader.
+func interpreter(path string) (string, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			raw, err := io.ReadAll(p.Open())
+			return strings.TrimRight(string(raw), "\x00"), err
+		}
+	}
+	return "", errors.New("no program interpreter")
 }
 
 // parseLoaderList reads the loader's list, lines such as
@@ -78,6 +90,9 @@ func parseLoaderList(out []byte) []string {
 	}
 	return files
 }
+
+// readAhead is ReadAhead; a test records the calls instead.
+var readAhead = ReadAhead
 
 // ReadAhead asks the kernel to read the files into the page cache
 // (posix_fadvise WILLNEED) and returns once the reads are queued, before

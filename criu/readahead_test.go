@@ -176,3 +176,46 @@ func TestResolveCachedKeepsLoaderFiles(t *testing.T) {
 		t.Fatalf("cached loader files of %s: %q, no libc", real, c.Files)
 	}
 }
+
+// TestResolveCachedReadsAhead: resolving CRIU through the cache starts a
+// read-ahead of the binary and its cached loader files, on a miss and on
+// a hit; without a cache, none.
+func TestResolveCachedReadsAhead(t *testing.T) {
+	calls := make(chan []string, 4)
+	readAhead = func(files []string) { calls <- files }
+	defer func() { readAhead = ReadAhead }()
+	next := func(what string) []string {
+		t.Helper()
+		select {
+		case files := <-calls:
+			return files
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no read-ahead", what)
+			return nil
+		}
+	}
+	cache := filepath.Join(t.TempDir(), "cache")
+	path, _ := countingCRIU(t, "4.1.1")
+	if _, _, err := ResolveCached(path, cache); err != nil {
+		t.Fatal(err)
+	}
+	if files := next("a miss"); !reflect.DeepEqual(files, []string{path}) {
+		t.Fatalf("a miss read ahead %q, want the script alone", files)
+	}
+	id, _ := identify(path)
+	writeVersionCache(cache, cachedVersion{id, 40101, []string{"/lib/libx.so"}})
+	if _, _, err := ResolveCached(path, cache); err != nil {
+		t.Fatal(err)
+	}
+	if files := next("a hit"); !reflect.DeepEqual(files, []string{path, "/lib/libx.so"}) {
+		t.Fatalf("a hit read ahead %q", files)
+	}
+	if _, _, err := ResolveCached(path, ""); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case files := <-calls:
+		t.Fatalf("no cache, but read ahead %q", files)
+	case <-time.After(100 * time.Millisecond):
+	}
+}

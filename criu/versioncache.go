@@ -33,8 +33,8 @@ type cachedVersion struct {
 	binaryIdentity
 	Version int `json:"version"`
 	// Files are what the loader maps to start the binary (LoaderFiles),
-	// for ReadAhead; an empty list when there are none, nil when not
-	// known yet (a cache from before they were kept).
+	// for ReadAhead; an empty list when it has none, nil when not known
+	// yet (a cache from before they were kept).
 	Files []string `json:"files"`
 }
 
@@ -80,11 +80,10 @@ func ResolveCached(path, cacheDir string) (string, int, error) {
 		// A version too old to use is asked again: the refusal names it.
 		if c, ok := readVersionCache(cacheDir, id); cached && ok && c.Version >= MinVersion {
 			if c.Files == nil {
-				if c.Files = loaderFilesOrNone(path); c.Files != nil {
-					writeVersionCache(cacheDir, c)
-				}
+				c.Files = loaderFilesOrNone(path)
+				writeVersionCache(cacheDir, c)
 			}
-			go ReadAhead(append([]string{path}, c.Files...))
+			go readAhead(append([]string{path}, c.Files...))
 			return path, c.Version, nil
 		}
 	}
@@ -97,21 +96,18 @@ func ResolveCached(path, cacheDir string) (string, int, error) {
 	}
 	if cached {
 		files := loaderFilesOrNone(path)
-		go ReadAhead(append([]string{path}, files...))
+		go readAhead(append([]string{path}, files...))
 		writeVersionCache(cacheDir, cachedVersion{id, v, files})
 	}
 	return path, v, nil
 }
 
-// loaderFilesOrNone is LoaderFiles, with an empty list for a binary
-// without a loader, and nil (not known) on another error.
+// loaderFilesOrNone is LoaderFiles, with an empty list where it has none
+// (kept: the binary is not run for it again).
 func loaderFilesOrNone(path string) []string {
 	files, err := LoaderFiles(path)
-	switch {
-	case errors.Is(err, ErrNotDynamic):
+	if err != nil {
 		return []string{}
-	case err != nil:
-		return nil
 	}
 	return files
 }
