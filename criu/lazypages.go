@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -88,17 +89,10 @@ func readPipeLimits() pipeLimits {
 
 // fit says whether memBytes of lazy pages fit within l.
 func (l pipeLimits) fit(memBytes int64) bool {
+	pipeBytes := l.pipeBytes()
 	if l.sysResource {
-		pipeBytes := int64(criuPipeMax) * PageSize
 		return l.nrOpen >= uint64(2*ceilDiv(memBytes, pipeBytes)+1024)
 	}
-	// CRIU doubles a pipe's size until the kernel refuses: the largest
-	// power of two pages within pipe-max-size.
-	pages := int64(1)
-	for pages*2 <= criuPipeMax && pages*2*PageSize <= l.pipeMax {
-		pages *= 2
-	}
-	pipeBytes := pages * PageSize
 	pipes := ceilDiv(memBytes, pipeBytes)
 	if quota := l.userPages * PageSize; !l.sysAdmin && quota > 0 && memBytes > quota {
 		// Past the user's quota, pipes of two pages.
@@ -106,6 +100,47 @@ func (l pipeLimits) fit(memBytes int64) bool {
 	}
 	need := 2*pipes + 1024 // and CRIU's own
 	return l.hardFiles == unix.RLIM_INFINITY || l.hardFiles >= uint64(need)
+}
+
+// LazyPagesCapacity is the most memory LazyPagesFit lets stasis copy
+// here (math.MaxInt64: no limit), with the size of CRIU's page pipes and
+// the descriptors CRIU may have, as LazyPagesFit counts them.
+func LazyPagesCapacity() (memBytes, pipeBytes int64, files uint64) {
+	return readPipeLimits().capacity()
+}
+
+func (l pipeLimits) capacity() (memBytes, pipeBytes int64, files uint64) {
+	pipeBytes, files = l.pipeBytes(), l.hardFiles
+	if l.sysResource {
+		files = l.nrOpen
+	}
+	if l.fit(math.MaxInt64 - pipeBytes) {
+		return math.MaxInt64, pipeBytes, files
+	}
+	lo, hi := int64(0), int64(math.MaxInt64-pipeBytes) // fit(lo), !fit(hi)
+	for hi-lo > PageSize {
+		mid := lo + (hi-lo)/2
+		if l.fit(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo, pipeBytes, files
+}
+
+// pipeBytes is how much memory one of CRIU's page pipes holds.
+func (l pipeLimits) pipeBytes() int64 {
+	if l.sysResource {
+		return criuPipeMax * PageSize
+	}
+	// CRIU doubles a pipe's size until the kernel refuses: the largest
+	// power of two pages within pipe-max-size.
+	pages := int64(1)
+	for pages*2 <= criuPipeMax && pages*2*PageSize <= l.pipeMax {
+		pages *= 2
+	}
+	return pages * PageSize
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }

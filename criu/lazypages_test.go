@@ -3,6 +3,7 @@ package criu
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -272,5 +273,25 @@ func TestReadPipeLimits(t *testing.T) {
 	}
 	if raised := err == nil; raised != l.sysResource {
 		t.Fatalf("readPipeLimits says CAP_SYS_RESOURCE %v; raising the hard limit: %v", l.sysResource, err)
+	}
+}
+
+func TestLazyPagesCapacity(t *testing.T) {
+	device := pipeLimits{sysAdmin: true, hardFiles: 20000, nrOpen: 1 << 20, pipeMax: 1 << 20, userPages: 16384}
+	mem, pipe, files := device.capacity()
+	// (20000 - 1024) / 2 pipes of 1 MiB.
+	if want := int64(9488) << 20; pipe != 1<<20 || files != 20000 || mem < want-PageSize || mem > want {
+		t.Errorf("the GPU machine's limits: %d bytes in pipes of %d, %d files; want about %d", mem, pipe, files, want)
+	}
+	if !device.fit(mem) || device.fit(mem+PageSize) {
+		t.Errorf("capacity %d is not the edge of fit", mem)
+	}
+	root := device
+	root.sysResource = true
+	if _, pipe, files := root.capacity(); pipe != criuPipeMax*PageSize || files != 1<<20 {
+		t.Errorf("with CAP_SYS_RESOURCE: pipes of %d, %d files", pipe, files)
+	}
+	if mem, _, _ := (pipeLimits{sysAdmin: true, hardFiles: unix.RLIM_INFINITY, pipeMax: 1 << 20}).capacity(); mem != math.MaxInt64 {
+		t.Errorf("no limit: capacity %d", mem)
 	}
 }

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/stasis-ckpt/stasis/criu"
 )
 
 // Time limits for running criu; variables so tests can shorten them.
@@ -32,7 +35,24 @@ func checkCRIU(ctx context.Context, o Options) []Check {
 	if err != nil {
 		return []Check{{Name: "criu", Status: Missing, Detail: err.Error(), Hint: criuInstallHint}}
 	}
-	return []Check{criuVersionCheck(ctx, path), criuKernelCheck(ctx, path)}
+	return []Check{criuVersionCheck(ctx, path), criuKernelCheck(ctx, path), memoryCopyCheck()}
+}
+
+// memoryCopyCheck reports how much of a process tree's memory a
+// checkpoint copies itself (--dump-pages auto or copy) before CRIU's page
+// pipes would run out of descriptors and CRIU writes it instead.
+func memoryCopyCheck() Check {
+	c := Check{Name: "memory copy", Status: OK}
+	mem, pipe, files := criu.LazyPagesCapacity()
+	if mem == math.MaxInt64 {
+		c.Detail = "checkpoints copy a process tree's memory themselves at any size (no open-file limit)"
+		return c
+	}
+	c.Detail = fmt.Sprintf("checkpoints copy up to %s of a process tree's memory themselves (CRIU's page pipes of %d KiB, %d descriptors); CRIU writes a larger tree's", formatGiB(uint64(mem)), pipe>>10, files)
+	if mem < 64<<30 {
+		c.Hint = "a higher hard open-file limit (`ulimit -Hn`), or CAP_SYS_RESOURCE, lets stasis copy more"
+	}
+	return c
 }
 
 func findCRIU(configured string) (string, error) {

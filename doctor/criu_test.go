@@ -1,12 +1,15 @@
 package doctor
 
 import (
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stasis-ckpt/stasis/criu"
 )
 
 // fakeCRIU writes an executable shell script named criu that answers
@@ -43,6 +46,12 @@ func TestCRIUCurrentFoundInPath(t *testing.T) {
 	c := mustCheck(t, checks, "criu")
 	wantStatus(t, c, OK)
 	wantDetail(t, c, path, "version 4.1.1")
+
+	copyCheck := mustCheck(t, checks, "memory copy")
+	wantStatus(t, copyCheck, OK)
+	if mem, _, _ := criu.LazyPagesCapacity(); mem != math.MaxInt64 {
+		wantDetail(t, copyCheck, formatGiB(uint64(mem)), "descriptors")
+	}
 
 	check := mustCheck(t, checks, "criu check")
 	if os.Geteuid() != 0 {
@@ -155,6 +164,12 @@ func TestRealCRIU(t *testing.T) {
 		t.Fatalf("criu at %s reported missing: %+v", path, c)
 	}
 	wantDetail(t, c, path, "version ")
+	copyCheck := mustCheck(t, checks, "memory copy")
+	wantStatus(t, copyCheck, OK)
+	if mem, _, _ := criu.LazyPagesCapacity(); mem != math.MaxInt64 {
+		wantDetail(t, copyCheck, formatGiB(uint64(mem)), "descriptors")
+	}
+
 	check := mustCheck(t, checks, "criu check")
 	if check.Status == Missing || check.Detail == "" {
 		t.Errorf("criu check: %+v", check)

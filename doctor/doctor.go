@@ -53,10 +53,11 @@ func (o Options) autoChoice() (string, string, *cuda.CuFile) {
 }
 
 // Run performs every check and returns the results in a stable order:
-// kernel, criu, criu check, libcuda, cuda checkpoint api, cuda checkpoint
-// backend, nvidia driver, libcufile, gds, tensor io path, store, store free
-// space, store o_direct. Checks that depend on something absent (criu check, cuda
-// checkpoint api and backend, gds) are left out when it is absent.
+// kernel, criu, criu check, memory copy, libcuda, cuda checkpoint api,
+// cuda checkpoint backend, nvidia driver, libcufile, gds, tensor io path,
+// store, store free space, store o_direct, RAM scratch. Checks that depend
+// on something absent (criu check, memory copy, cuda checkpoint api and
+// backend, gds) are left out when it is absent.
 func Run(ctx context.Context, o Options) []Check {
 	libs := newLibFinder(ctx, o)
 	var checks []Check
