@@ -90,16 +90,22 @@ func readPipeLimits() pipeLimits {
 // fit says whether memBytes of lazy pages fit within l.
 func (l pipeLimits) fit(memBytes int64) bool {
 	pipeBytes := l.pipeBytes()
-	if l.sysResource {
-		return l.nrOpen >= uint64(2*ceilDiv(memBytes, pipeBytes)+1024)
-	}
 	pipes := ceilDiv(memBytes, pipeBytes)
-	if quota := l.userPages * PageSize; !l.sysAdmin && quota > 0 && memBytes > quota {
+	if quota := l.userPages * PageSize; !l.sysResource && !l.sysAdmin && quota > 0 && memBytes > quota {
 		// Past the user's quota, pipes of two pages.
 		pipes = ceilDiv(quota, pipeBytes) + ceilDiv(memBytes-quota, 2*PageSize)
 	}
 	need := 2*pipes + 1024 // and CRIU's own
-	return l.hardFiles == unix.RLIM_INFINITY || l.hardFiles >= uint64(need)
+	files := l.files()
+	return files == unix.RLIM_INFINITY || files >= uint64(need)
+}
+
+// files is how many descriptors CRIU may have open.
+func (l pipeLimits) files() uint64 {
+	if l.sysResource {
+		return l.nrOpen
+	}
+	return l.hardFiles
 }
 
 // LazyPagesCapacity is the most memory LazyPagesFit lets stasis copy
@@ -110,10 +116,7 @@ func LazyPagesCapacity() (memBytes, pipeBytes int64, files uint64) {
 }
 
 func (l pipeLimits) capacity() (memBytes, pipeBytes int64, files uint64) {
-	pipeBytes, files = l.pipeBytes(), l.hardFiles
-	if l.sysResource {
-		files = l.nrOpen
-	}
+	pipeBytes, files = l.pipeBytes(), l.files()
 	if l.fit(math.MaxInt64 - pipeBytes) {
 		return math.MaxInt64, pipeBytes, files
 	}
