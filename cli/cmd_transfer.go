@@ -6,10 +6,10 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/stasis-ckpt/stasis/catalog"
+	"github.com/stasis-ckpt/stasis/internal/atomicfile"
 	ucli "github.com/urfave/cli/v2"
 )
 
@@ -54,24 +54,7 @@ func writeOutput(name string, stdout io.Writer, write func(io.Writer) error) err
 	if name == "-" {
 		return write(stdout)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(name), "."+filepath.Base(name)+".partial-*")
-	if err != nil {
-		return err
-	}
-	err = write(tmp)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), name)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-	}
-	return err
+	return atomicfile.WriteFrom(name, true, write)
 }
 
 func (e *env) importCommand() *ucli.Command {

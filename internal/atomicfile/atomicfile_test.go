@@ -1,6 +1,8 @@
 package atomicfile
 
 import (
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -31,6 +33,36 @@ func TestWrite(t *testing.T) {
 	}
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 2 {
+		t.Fatalf("files left in %s: %v", dir, entries)
+	}
+}
+
+func TestWriteFrom(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "export.tar")
+	if err := WriteFrom(path, true, func(w io.Writer) error {
+		_, err := io.WriteString(w, "whole")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(path); err != nil || string(got) != "whole" {
+		t.Fatalf("read back %q, %v", got, err)
+	}
+	// A write that fails halfway leaves the old file as it was, and no
+	// other file.
+	failed := errors.New("stream broke")
+	err := WriteFrom(path, true, func(w io.Writer) error {
+		io.WriteString(w, "ha")
+		return failed
+	})
+	if !errors.Is(err, failed) {
+		t.Fatalf("WriteFrom returned %v, want the write's error", err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != "whole" {
+		t.Fatalf("after a failed write: %q", got)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 		t.Fatalf("files left in %s: %v", dir, entries)
 	}
 }
