@@ -1,14 +1,11 @@
 package criu
 
 import (
-	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/proto"
 )
 
 // TestLocate: a run is found in the complete image where CRIU listed its
@@ -17,27 +14,18 @@ import (
 // it, or an image that ends too soon, is reported.
 func TestLocate(t *testing.T) {
 	const base = 0x7f0000000000
-	entry := func(vaddr uint64, pages, flags uint32) *PagemapEntry {
-		return &PagemapEntry{Vaddr: proto.Uint64(vaddr), NrPages: proto.Uint32(pages), Flags: proto.Uint32(flags)}
-	}
 	page := func(n int) uint64 { return base + uint64(n)*PageSize }
 	seg := func(from, pages int) Segment { return Segment{Vaddr: page(from), Len: int64(pages) * PageSize} }
 	copyOf := func(entries ...*PagemapEntry) *PageCopy {
 		t.Helper()
-		dir := t.TempDir()
 		pid := os.Getpid()
-		if err := WritePagemap(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid)), &Pagemap{PagesID: 1, Entries: entries}); err != nil {
-			t.Fatal(err)
-		}
 		written := 0
 		for _, e := range entries {
 			if Present(e) {
 				written += int(e.GetNrPages()) * PageSize
 			}
 		}
-		if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), make([]byte, written), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		dir := writeLazyDump(t, pid, &Pagemap{PagesID: 1, Entries: entries}, make([]byte, written))
 		c, err := CopyLazyPages(dir, pid)
 		if err != nil {
 			t.Fatal(err)
@@ -47,8 +35,8 @@ func TestLocate(t *testing.T) {
 	}
 	// Image: 2 written pages, lazy 10-13, lazy 20-24 (a hole in between),
 	// 1 written page, lazy 30-31.
-	c := copyOf(entry(page(0), 2, PagePresent), entry(page(10), 4, PageLazy), entry(page(20), 5, PageLazy),
-		entry(page(26), 1, PagePresent), entry(page(30), 2, PageLazy))
+	c := copyOf(pmEntry(page(0), 2, PagePresent), pmEntry(page(10), 4, PageLazy), pmEntry(page(20), 5, PageLazy),
+		pmEntry(page(26), 1, PagePresent), pmEntry(page(30), 2, PageLazy))
 	run := LazyRun{Segments: []Segment{seg(11, 2), seg(13, 1), seg(20, 3), seg(23, 2)}, Size: 8 * PageSize}
 	at, err := c.Locate(run, run.Size)
 	if err != nil || at != 3*PageSize {

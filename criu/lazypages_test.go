@@ -39,6 +39,26 @@ func lpMap(t *testing.T, pages int, prot int, seed uint64) ([]byte, uint64, []by
 	return mem, uint64(uintptr(unsafe.Pointer(&mem[0]))), want
 }
 
+// pmEntry is a pagemap entry: pages pages at vaddr, flagged flags.
+func pmEntry(vaddr uint64, pages, flags uint32) *PagemapEntry {
+	return &PagemapEntry{Vaddr: proto.Uint64(vaddr), NrPages: proto.Uint32(pages), Flags: proto.Uint32(flags)}
+}
+
+// writeLazyDump writes, into a new directory, what a dump of pid with lazy
+// pages leaves for CopyLazyPages: pm as its pagemap, and written as the
+// pages image, the pages CRIU wrote.
+func writeLazyDump(t *testing.T, pid int, pm *Pagemap, written []byte) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := WritePagemap(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid)), pm); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("pages-%d.img", pm.PagesID)), written, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // TestCopyLazyPages builds the images of a lazy dump of this very process
 // (a pagemap whose lazy entries point into memory it holds, some of it
 // inaccessible, and a pages image with the pages "CRIU wrote"), and reads
@@ -52,26 +72,17 @@ func TestCopyLazyPages(t *testing.T) {
 	for i := range written {
 		written[i] = byte(i*7 + 3)
 	}
-	dir := t.TempDir()
 	pid := os.Getpid()
-	entry := func(vaddr uint64, pages, flags uint32) *PagemapEntry {
-		return &PagemapEntry{Vaddr: proto.Uint64(vaddr), NrPages: proto.Uint32(pages), Flags: proto.Uint32(flags)}
-	}
 	pm := &Pagemap{PagesID: 5, Entries: []*PagemapEntry{
-		entry(0x10000, 2, PagePresent),
-		entry(buf+PageSize, 3, PageLazy),
-		entry(0x40000, 1, 0), // no contents
-		entry(hidden, 2, PageLazy),
-		entry(0x50000, 1, PagePresent|PageLazy),
-		entry(buf+6*PageSize, 1, PageLazy),
+		pmEntry(0x10000, 2, PagePresent),
+		pmEntry(buf+PageSize, 3, PageLazy),
+		pmEntry(0x40000, 1, 0), // no contents
+		pmEntry(hidden, 2, PageLazy),
+		pmEntry(0x50000, 1, PagePresent|PageLazy),
+		pmEntry(buf+6*PageSize, 1, PageLazy),
 	}}
+	dir := writeLazyDump(t, pid, pm, written)
 	pagemapPath := filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid))
-	if err := WritePagemap(pagemapPath, pm); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "pages-5.img"), written, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	c, err := CopyLazyPages(dir, pid)
 	if err != nil {
 		t.Fatal(err)
@@ -131,23 +142,16 @@ func TestCopyLazyPages(t *testing.T) {
 func TestCopyLazyPagesRefuses(t *testing.T) {
 	_, buf, _ := lpMap(t, 2, unix.PROT_READ|unix.PROT_WRITE, 3)
 	setup := func(t *testing.T, pid int, written int, entries ...*PagemapEntry) string {
-		dir := t.TempDir()
-		if err := WritePagemap(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid)), &Pagemap{PagesID: 1, Entries: entries}); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), make([]byte, written), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return dir
+		return writeLazyDump(t, pid, &Pagemap{PagesID: 1, Entries: entries}, make([]byte, written))
 	}
-	present := &PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(2), Flags: proto.Uint32(PagePresent)}
-	lazy := &PagemapEntry{Vaddr: proto.Uint64(buf), NrPages: proto.Uint32(2), Flags: proto.Uint32(PageLazy)}
+	present := pmEntry(0x1000, 2, PagePresent)
+	lazy := pmEntry(buf, 2, PageLazy)
 
 	dir := setup(t, os.Getpid(), PageSize, present, lazy)
 	if _, err := CopyLazyPages(dir, os.Getpid()); err == nil || !strings.Contains(err.Error(), "holds 4096 bytes; its pagemap lists 8192") {
 		t.Errorf("short pages image: %v", err)
 	}
-	parent := &PagemapEntry{Vaddr: proto.Uint64(0x9000), NrPages: proto.Uint32(1), Flags: proto.Uint32(PageInParent)}
+	parent := pmEntry(0x9000, 1, PageInParent)
 	dir = setup(t, os.Getpid(), 2*PageSize, present, parent)
 	if _, err := CopyLazyPages(dir, os.Getpid()); err == nil || !strings.Contains(err.Error(), "parent image") {
 		t.Errorf("pages in a parent image: %v", err)
@@ -177,15 +181,8 @@ func TestCopyLazyPagesRefuses(t *testing.T) {
 // nothing is left open.
 func TestCopyLazyPagesClosedWhileRead(t *testing.T) {
 	_, hidden, _ := lpMap(t, 64, unix.PROT_NONE, 4)
-	dir := t.TempDir()
 	pid := os.Getpid()
-	lazy := &PagemapEntry{Vaddr: proto.Uint64(hidden), NrPages: proto.Uint32(64), Flags: proto.Uint32(PageLazy)}
-	if err := WritePagemap(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid)), &Pagemap{PagesID: 1, Entries: []*PagemapEntry{lazy}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir := writeLazyDump(t, pid, &Pagemap{PagesID: 1, Entries: []*PagemapEntry{pmEntry(hidden, 64, PageLazy)}}, nil)
 	c, err := CopyLazyPages(dir, pid)
 	if err != nil {
 		t.Fatal(err)
