@@ -25,6 +25,15 @@ import (
 // root and a CRIU >= 4.0 (`make` builds one into bin/criu); without them
 // they skip and say why.
 
+// requirePython skips a test whose job is a Python script where there is
+// no python3.
+func requirePython(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+}
+
 func requireCRIU(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -264,9 +273,7 @@ func TestCheckpointLeaveRunningAndPIDTaken(t *testing.T) {
 // checkpoint, mended, restores after all.
 func TestRestoreRefusesCorruptImages(t *testing.T) {
 	requireCRIU(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
+	requirePython(t)
 	// 32 MiB of memory: its image spans several chunks, so that one of
 	// them holds nothing but memory.
 	home := t.TempDir()
@@ -432,9 +439,7 @@ func TestCRIUVersionCached(t *testing.T) {
 // (CRIU resumes it once stasis, its post-dump step, is gone).
 func TestKill9DuringCheckpoint(t *testing.T) {
 	requireCRIU(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
+	requirePython(t)
 	tmp := t.TempDir()
 	rng := rand.New(rand.NewPCG(3, 4))
 
@@ -501,9 +506,7 @@ func jsonUnmarshal(s string, v any) error {
 // CRIU's own reason, nothing is listed, and the job keeps running.
 func TestCRIUFailureKeepsJobRunning(t *testing.T) {
 	requireCRIU(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
+	requirePython(t)
 	home, tmp := t.TempDir(), t.TempDir()
 	sock, out := filepath.Join(tmp, "sock"), filepath.Join(tmp, "count")
 	startDetached(t, "python3", "testdata/unix_server.py", sock)
@@ -601,9 +604,7 @@ func waitSeized(t *testing.T, pid int) {
 // CRIU resumes the job, and nothing is listed.
 func TestCtrlCDuringDump(t *testing.T) {
 	requireCRIU(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
+	requirePython(t)
 	home, tmp := t.TempDir(), t.TempDir()
 	out := filepath.Join(tmp, "count")
 	pid := startDetached(t, "python3", "testdata/memory.py", out, "512")
@@ -725,9 +726,7 @@ func waitMemchecks(t *testing.T, out string, from int) int {
 // every byte as it was.
 func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
 	requireCRIU(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
+	requirePython(t)
 	home := t.TempDir()
 	out := filepath.Join(t.TempDir(), "checks")
 	pid := startDetached(t, "python3", "testdata/memcheck.py", out)
@@ -806,9 +805,7 @@ func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
 // the restored process finds its pages as one instant left them.
 func TestEarlyCopyDropped(t *testing.T) {
 	requireCRIU(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
+	requirePython(t)
 	home := t.TempDir()
 	out := filepath.Join(t.TempDir(), "passes")
 	pid := startDetached(t, "python3", "testdata/busy.py", out)

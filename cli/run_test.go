@@ -514,9 +514,7 @@ func preemptCounter(t *testing.T, home, job, out string, args []string) (jobStat
 // out of the dump: one checkpoint, which restores a job that runs.
 func TestRunSecondSignalDuringProcessCheckpoint(t *testing.T) {
 	requireCRIU(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
+	requirePython(t)
 	home, out := t.TempDir(), filepath.Join(t.TempDir(), "count")
 	args := []string{"--job", "big", "--mode", "process", "--", "python3", "testdata/memory.py", out, "256"}
 	r := startRun(t, home, args...)
@@ -547,9 +545,7 @@ func TestRunSecondSignalDuringProcessCheckpoint(t *testing.T) {
 // complete checkpoint or, after gc, nothing.
 func TestRunKilledDuringProcessCheckpoint(t *testing.T) {
 	requireCRIU(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
+	requirePython(t)
 	home, out := t.TempDir(), filepath.Join(t.TempDir(), "count")
 	r := startRun(t, home, "--job", "big", "--mode", "process", "--", "python3", "testdata/memory.py", out, "256")
 	st := waitJobState(t, home, "big", jobRunning)
