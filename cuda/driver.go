@@ -273,6 +273,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -305,8 +306,27 @@ func (e *Error) Error() string {
 
 // CUresult codes stasis reacts to.
 const (
-	codeNotReady = 600 // CUDA_ERROR_NOT_READY: a lock timed out
+	codeNotInitialized = 3   // CUDA_ERROR_NOT_INITIALIZED: the process never initialized CUDA
+	codeNotReady       = 600 // CUDA_ERROR_NOT_READY: a lock timed out
 )
+
+// notInitializedPattern matches what cuda-checkpoint says for a process
+// that never initialized CUDA: the error's string (cuGetErrorString) or
+// its name.
+var notInitializedPattern = regexp.MustCompile(`(?i)initialization error|not[ _]initialized`)
+
+// NotInitialized reports whether err is the driver's answer for a process
+// that has libcuda mapped but never initialized CUDA
+// (CUDA_ERROR_NOT_INITIALIZED, through either backend): a process forked
+// from a CUDA process after its cuInit, such as a PyTorch DataLoader
+// worker started with fork, inherits the library but not the driver's
+// state. Such a process is not a CUDA process; its checkpoint is CRIU's
+// alone.
+func NotInitialized(err error) bool {
+	var e *Error
+	var te *ToolError
+	return errors.As(err, &e) && e.Code == codeNotInitialized || errors.As(err, &te) && notInitializedPattern.MatchString(te.Output)
+}
 
 // TimedOut reports whether err is a lock that timed out, through either
 // backend.
@@ -666,7 +686,9 @@ func (a apiBackend) restoreThreadID(pid int) (int, error) {
 func (apiBackend) canRemap() error { return nil }
 
 // UsesCUDA reports whether pid has libcuda mapped: the processes of a tree
-// that the checkpoint API must handle.
+// that may be CUDA processes. Only the driver knows whether one is: a
+// process that never initialized CUDA has the library mapped too
+// (NotInitialized).
 func UsesCUDA(pid int) bool {
 	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	return err == nil && strings.Contains(string(maps), "libcuda.so")

@@ -112,7 +112,7 @@ int main(int argc, char **argv) {
 	int r, state;
 	if (!strcmp(op, "--get-state")) {
 		static const char *names[] = {"running", "locked", "checkpointed", "failed"};
-		cuCheckpointProcessGetState(pid, &state);
+		if ((r = cuCheckpointProcessGetState(pid, &state))) return failed("get state", pid, r);
 		printf("%s\n", state >= 0 && state < 4 ? names[state] : "unknown");
 		return 0;
 	}

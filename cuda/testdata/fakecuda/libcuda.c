@@ -27,6 +27,13 @@
  * before 570: then cuda-checkpoint.c, the stand-in for NVIDIA's tool, makes
  * the same calls.
  *
+ * A process that calls cuInit is initialized (.../<pid>.init); one forked
+ * from it afterwards (.../<pid>.forked, written by the fork handler cuInit
+ * registers, as libcuda registers its own) is not, until it calls cuInit
+ * itself, and cuCheckpointProcessGetState answers CUDA_ERROR_NOT_INITIALIZED
+ * for it, as the driver does for a DataLoader worker forked from a CUDA
+ * process.
+ *
  * GPUs: $STASIS_FAKE_CUDA_DIR/devices holds how many (default 1); GPU i has
  * the UUID whose bytes are 0x10+i, 0x11+i, ... A process runs on the GPU
  * in .../<pid>.gpu (default 0). A restore with GPU pairs logs them ("restore
@@ -38,6 +45,7 @@
  * the tests with gcc -shared -fPIC.
  */
 #include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +53,7 @@
 
 #include "standin.h"
 
-enum { OK = 0, INVALID_VALUE = 1, INVALID_IMAGE = 200, NOT_FOUND = 500, NOT_READY = 600, ILLEGAL_STATE = 401, UNKNOWN = 999 };
+enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, INVALID_IMAGE = 200, NOT_FOUND = 500, NOT_READY = 600, ILLEGAL_STATE = 401, UNKNOWN = 999 };
 enum { RUNNING = 0, LOCKED = 1, CHECKPOINTED = 2 };
 
 static int failing(const char *call) {
@@ -144,7 +152,29 @@ __attribute__((unused)) static int restore_pairs(int pid, const restore_args *a)
 	return r;
 }
 
-int cuInit(unsigned int flags) { (void)flags; return OK; }
+/* mark writes the empty file <this process's PID>.<what>. */
+static void mark(const char *what) {
+	char path[4096];
+	snprintf(path, sizeof path, "%s/%d.%s", dir(), (int)getpid(), what);
+	FILE *f = fopen(path, "w");
+	if (f) fclose(f);
+}
+static void forked_child(void) { mark("forked"); }
+int cuInit(unsigned int flags) {
+	static int registered;
+	(void)flags;
+	mark("init");
+	if (!registered++) pthread_atfork(NULL, NULL, forked_child);
+	return OK;
+}
+/* initialized is false for a process forked from an initialized one that
+ * has not called cuInit itself. */
+__attribute__((unused)) static int initialized(int pid) {
+	char forked[64], init[64];
+	snprintf(forked, sizeof forked, "%d.forked", pid);
+	snprintf(init, sizeof init, "%d.init", pid);
+	return !exists(forked) || exists(init);
+}
 int cuDriverGetVersion(int *v) { *v = readint("version", 13000); return OK; }
 int cuDeviceGetCount(int *n) { *n = devices(); return OK; }
 int cuDeviceGet(int *dev, int ordinal) { *dev = ordinal; return ordinal >= 0 && ordinal < devices() ? OK : INVALID_VALUE; }
@@ -170,6 +200,7 @@ int cuDeviceGetUuid_v2(unsigned char *uuid, int dev) {
  * last is INVALID_VALUE's, and any other's. */
 static const struct { int code; const char *name, *string; } errors[] = {
 	{NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+	{NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
 	{ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
 	{UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 	{INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
@@ -185,7 +216,11 @@ int cuGetErrorName(int r, const char **s) { *s = errors[error_index(r)].name; re
 int cuGetErrorString(int r, const char **s) { *s = errors[error_index(r)].string; return OK; }
 /* Left out with -DNO_CHECKPOINT_API (see above). */
 #ifndef NO_CHECKPOINT_API
-int cuCheckpointProcessGetState(int pid, int *state) { *state = get_state(pid); return OK; }
+int cuCheckpointProcessGetState(int pid, int *state) {
+	if (!initialized(pid)) return NOT_INITIALIZED;
+	*state = get_state(pid);
+	return OK;
+}
 int cuCheckpointProcessLock(int pid, void *args) { (void)args; return transition("lock", pid, RUNNING, LOCKED, NOT_READY); }
 int cuCheckpointProcessCheckpoint(int pid, void *args) { (void)args; return transition("checkpoint", pid, LOCKED, CHECKPOINTED, UNKNOWN); }
 int cuCheckpointProcessRestore(int pid, void *args) {
