@@ -128,6 +128,18 @@ type Options struct {
 	ExtUnixSockets bool
 	// FileLocks dumps and restores file locks.
 	FileLocks bool
+	// LinkRemap (dump only) lets CRIU dump an open or mapped file whose
+	// path is gone while the file itself is still linked elsewhere (a
+	// /dev/shm/sem.* semaphore: glibc maps a temporary file, links it as
+	// the semaphore and unlinks the temporary name): CRIU links it under
+	// a name of its own (link_remap.N) beside the old one, which the
+	// restore removes (CRIU's --link-remap).
+	LinkRemap bool
+	// GhostLimit (dump only), when not zero, is the size up to which CRIU
+	// copies an open or mapped file that is unlinked everywhere (a ghost
+	// file) into the images, instead of its default 1 MiB (CRIU's
+	// --ghost-limit). The checkpoint's preflight sizes it.
+	GhostLimit int64
 	// Version is what Resolve found Path to be. When set (with Path), the
 	// dump or restore runs Path as it is, without asking its version again.
 	Version int
@@ -164,6 +176,10 @@ type Options struct {
 	// the tree frozen, copies those pages itself (CopyLazyPages).
 	LazyPages bool `json:"lazy_pages,omitempty"`
 }
+
+// MaxGhostLimit is the largest GhostLimit: CRIU's service takes the limit
+// as 32 bits.
+const MaxGhostLimit = 4<<30 - 1<<20
 
 // InheritFD replaces, on restore, the outside resource CRIU's images name
 // Key ("pipe:[INODE]", as /proc/PID/fd shows it at dump time) by File.
@@ -207,6 +223,12 @@ func (o Options) rpcOpts(op string, imagesDir, workDir, config *os.File, logFile
 		TcpEstablished: proto.Bool(o.TCPEstablished),
 		ExtUnixSk:      proto.Bool(o.ExtUnixSockets),
 		FileLocks:      proto.Bool(o.FileLocks),
+	}
+	if op == "dump" {
+		opts.LinkRemap = proto.Bool(o.LinkRemap)
+		if o.GhostLimit > 0 {
+			opts.GhostLimit = proto.Uint32(uint32(min(o.GhostLimit, MaxGhostLimit)))
+		}
 	}
 	for _, in := range o.InheritFDs {
 		opts.InheritFd = append(opts.InheritFd, &rpc.InheritFd{Key: proto.String(in.Key), Fd: proto.Int32(int32(in.File.Fd()))})

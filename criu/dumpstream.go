@@ -70,6 +70,7 @@ func dumpStreamed(o Options, pid int, imagesDir, workDir string, hooks Hooks) er
 		raiseOpenFileLimit()
 	}
 	args = append(args, o.commandLineFlags()...)
+	args = append(args, o.dumpOnlyFlags()...)
 	runErr := runCommandLine(path, args, extra, []string{hookEnv + "=" + hs.path}, workDir)
 	logPath := filepath.Join(workDir, DumpLog)
 	// A hook's own error is the cause; CRIU's error lines would only say
@@ -81,6 +82,19 @@ func dumpStreamed(o Options, pid int, imagesDir, workDir string, hooks Hooks) er
 		return &Error{Op: "dump", Err: runErr, Log: logPath, Excerpt: ErrorLines(logPath, 6)}
 	}
 	return nil
+}
+
+// dumpOnlyFlags are the options of a dump that its restore does not
+// repeat, as criu's command line spells them.
+func (o Options) dumpOnlyFlags() []string {
+	var flags []string
+	if o.LinkRemap {
+		flags = append(flags, "--link-remap")
+	}
+	if o.GhostLimit > 0 {
+		flags = append(flags, "--ghost-limit", strconv.FormatInt(min(o.GhostLimit, MaxGhostLimit), 10))
+	}
+	return flags
 }
 
 // closedSocket is one end of a stream socket pair whose other end is
