@@ -30,7 +30,6 @@ import (
 
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/criu"
-	"github.com/stasis-ckpt/stasis/cuda"
 	"github.com/stasis-ckpt/stasis/fileset"
 	"github.com/stasis-ckpt/stasis/gdswriter"
 	"github.com/stasis-ckpt/stasis/internal/trace"
@@ -81,6 +80,14 @@ type Meta struct {
 	TCPEstablished bool `json:"tcp_established,omitempty"`
 	ExtUnixSockets bool `json:"ext_unix_sk,omitempty"`
 	FileLocks      bool `json:"file_locks,omitempty"`
+	// CRIU options of the dump alone (its restore does not repeat
+	// them): what the preflight chose.
+	LinkRemap  bool  `json:"link_remap,omitempty"`
+	GhostLimit int64 `json:"ghost_limit,omitempty"`
+	// Preflight is what the preflight found and chose (preflight.go):
+	// the CUDA processes, those with libcuda mapped that are not, and
+	// each CRIU option beyond stasis's own with the reason.
+	Preflight *Plan `json:"preflight,omitempty"`
 	// GPU is set when processes of the tree use CUDA.
 	GPU *GPUMeta `json:"gpu,omitempty"`
 	// MappedFiles are the files the tree runs and maps, and Mounts the
@@ -155,6 +162,8 @@ type Result struct {
 	// why an early copy did not hold, for each that did not.
 	CopiedPages, EarlyCopied int64
 	EarlyDropped             []string
+	// Plan is what the preflight found and chose.
+	Plan *Plan
 	// PagesCopied says whether stasis copied the memory (a dump with lazy
 	// pages) rather than CRIU writing it: what Options.DumpPages and its
 	// limits came to.
@@ -207,6 +216,15 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		}
 		o.CRIU.NamespacesOf, dumpPID = o.PID, NSPID(o.PID)
 	}
+	// The preflight: which processes are CUDA processes, the CRIU
+	// options the tree needs, or why it cannot be checkpointed; nothing
+	// is touched before it has answered.
+	plan, criuOpts, err := Preflight(tree, o.CRIU)
+	if err != nil {
+		return nil, err
+	}
+	o.CRIU = criuOpts
+	trace.Mark("checkpoint: preflight done")
 	if o.Fast {
 		o.LeaveRunning = true
 	}
@@ -214,7 +232,9 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	if o.Job == "" {
 		o.Job = tree[0].Comm
 	}
-	var rss int64
+	// The images hold the tree's memory, and the ghost files CRIU
+	// copies whole.
+	rss := plan.GhostBytes
 	for _, p := range tree {
 		rss += p.RSSBytes
 	}
@@ -235,11 +255,8 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	o.CRIU.Path, o.CRIU.Version = criuFound.path, criuFound.version
 	var gpu *gpuSession
 	var gpuMeta *GPUMeta
-	if pids := cudaPIDs(tree); len(pids) > 0 {
-		drv, err := cuda.Load()
-		if err != nil {
-			return nil, fmt.Errorf("PID %d uses CUDA: %w", pids[0], err)
-		}
+	if pids := plan.CUDAPIDs; len(pids) > 0 {
+		drv := plan.drv
 		gpu = &gpuSession{drv: drv, pids: pids}
 		gpuMeta = &GPUMeta{PIDs: pids, Backend: drv.Backend().Kind}
 		if gpuMeta.DriverVersion, err = drv.DriverVersion(); err != nil {
@@ -247,11 +264,6 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		}
 		if gpuMeta.Devices, err = drv.Devices(); err != nil {
 			return nil, err
-		}
-		for _, pid := range pids {
-			if st, err := drv.ProcessState(pid); err != nil || st != cuda.Running {
-				return nil, fmt.Errorf("%w: PID %d is %v on the GPU side (%v); `stasis recover --pid %d` resumes it", catalog.ErrInvalid, pid, st, err, pid)
-			}
 		}
 	}
 
@@ -266,7 +278,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 			pending.Abort()
 		}
 	}()
-	res := &Result{Hash: hashTime}
+	res := &Result{Hash: hashTime, Plan: plan}
 	pauseStart := time.Now()
 	// gpuOK tells the watchdog, at the end, whether the job's GPU side runs
 	// again; if not, it tries again once stasis is gone.
@@ -287,7 +299,7 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 		}
 		// The CUDA checkpoint moved GPU memory into host memory: the
 		// images will be that much larger.
-		rss = treeRSS(tree)
+		rss = treeRSS(tree) + plan.GhostBytes
 	}
 	// fail rolls the GPU side back after a failure past its checkpoint.
 	fail := func(err error) (*Result, error) {
@@ -313,7 +325,8 @@ func Run(ctx context.Context, s *catalog.Store, o Options) (*Result, error) {
 	meta := Meta{
 		PID: dumpPID, Processes: tree, CRIUVersion: criu.FormatVersion(o.CRIU.Version), Kernel: KernelRelease(),
 		LeaveRunning: o.LeaveRunning, ShellJob: o.CRIU.ShellJob, TCPEstablished: o.CRIU.TCPEstablished,
-		ExtUnixSockets: o.CRIU.ExtUnixSockets, FileLocks: o.CRIU.FileLocks, GPU: gpuMeta,
+		ExtUnixSockets: o.CRIU.ExtUnixSockets, FileLocks: o.CRIU.FileLocks, LinkRemap: o.CRIU.LinkRemap,
+		GhostLimit: o.CRIU.GhostLimit, GPU: gpuMeta, Preflight: plan,
 	}
 	if nested {
 		meta.Processes = insideView(tree)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/cuda"
 )
 
@@ -103,8 +104,10 @@ func (g *gpuSession) rollback(what string, cause error) error {
 	return fmt.Errorf("the %s failed and was %w: %w", what, ErrRolledBack, cause)
 }
 
-// cudaPIDs returns the processes of the tree that use CUDA.
-func cudaPIDs(tree []Process) []int {
+// libcudaPIDs returns the processes of the tree that have libcuda
+// mapped: CUDA processes, or processes forked from one (cudaProcesses
+// tells them apart).
+func libcudaPIDs(tree []Process) []int {
 	var pids []int
 	for _, p := range tree {
 		if cuda.UsesCUDA(p.PID) {
@@ -112,4 +115,30 @@ func cudaPIDs(tree []Process) []int {
 		}
 	}
 	return pids
+}
+
+// cudaProcesses asks the driver about each of pids (processes with libcuda
+// mapped) and divides them into the CUDA processes, all running on the GPU
+// side, and those that never initialized CUDA (CUDA_ERROR_NOT_INITIALIZED:
+// a process forked from a CUDA process, such as a DataLoader worker), which
+// are CPU processes. A process that a checkpoint or migration left locked
+// or checkpointed, or one the driver cannot say anything about, is an
+// error: nothing has been touched.
+func cudaProcesses(drv *cuda.Driver, pids []int) (cudaPIDs, notInitialized []int, err error) {
+	for _, pid := range pids {
+		st, err := drv.ProcessState(pid)
+		switch {
+		case cuda.NotInitialized(err):
+			notInitialized = append(notInitialized, pid)
+		case err != nil:
+			return nil, nil, fmt.Errorf("cannot ask the driver for the GPU state of PID %d: %w", pid, err)
+		case st == cuda.Locked || st == cuda.Checkpointed:
+			return nil, nil, fmt.Errorf("%w: PID %d is %v on the GPU side (a checkpoint or migration that did not finish left it so); `stasis recover --pid %d` resumes it", catalog.ErrInvalid, pid, st, pid)
+		case st != cuda.Running:
+			return nil, nil, fmt.Errorf("%w: the driver reports PID %d in a %v checkpoint state, from which nothing brings it back", catalog.ErrInvalid, pid, st)
+		default:
+			cudaPIDs = append(cudaPIDs, pid)
+		}
+	}
+	return cudaPIDs, notInitialized, nil
 }

@@ -57,18 +57,22 @@ func Migrate(o MigrateOptions) (*MigrateResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	pids := cudaPIDs(tree)
-	if len(pids) == 0 {
+	mapped := libcudaPIDs(tree)
+	if len(mapped) == 0 {
 		return nil, fmt.Errorf("%w: no process of the tree of PID %d uses CUDA", catalog.ErrInvalid, o.PID)
 	}
 	drv, err := cuda.Load()
 	if err != nil {
-		return nil, fmt.Errorf("PID %d uses CUDA: %w", pids[0], err)
+		return nil, fmt.Errorf("PID %d uses CUDA: %w", mapped[0], err)
 	}
-	for _, pid := range pids {
-		if st, err := drv.ProcessState(pid); err != nil || st != cuda.Running {
-			return nil, fmt.Errorf("%w: PID %d is %v on the GPU side (%v); `stasis recover --pid %d` resumes it", catalog.ErrInvalid, pid, st, err, pid)
-		}
+	// Processes that never initialized CUDA (forked from a CUDA
+	// process) have no GPU state to move.
+	pids, _, err := cudaProcesses(drv, mapped)
+	if err != nil {
+		return nil, err
+	}
+	if len(pids) == 0 {
+		return nil, fmt.Errorf("%w: no process of the tree of PID %d initialized CUDA (those with libcuda mapped were forked from a CUDA process)", catalog.ErrInvalid, o.PID)
 	}
 	here, err := drv.Devices()
 	if err != nil {

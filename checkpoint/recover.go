@@ -42,6 +42,12 @@ func recoverOne(drv *cuda.Driver, pid int, wait time.Duration) Recovered {
 		return r
 	}
 	st, err := drv.ProcessState(pid)
+	if cuda.NotInitialized(err) {
+		// libcuda mapped, CUDA never initialized: a process forked from
+		// a CUDA process, with no GPU state to resume.
+		r.Before, r.Action, r.OK = "not a CUDA process", "none", true
+		return r
+	}
 	if err != nil {
 		r.Before, r.Action = "unknown", err.Error()
 		return r

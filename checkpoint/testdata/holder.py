@@ -1,0 +1,52 @@
+# holder.py READY WHAT...: holds what each WHAT names, then creates READY
+# and sleeps. A stand-in for what a job's processes hold, for the
+# preflight's tests:
+#   flock:PATH       PATH open, with an exclusive flock
+#   ghost:SIZE       a file of SIZE bytes in /dev/shm, unlinked, kept open
+#   ghostmap:SIZE    the same, mapped shared and its descriptor closed
+#   linkremap:DIR    DIR/a opened, linked as DIR/b, then DIR/a unlinked
+#   memfd:SIZE       a memfd of SIZE bytes
+#   dgram:PATH       a datagram socket connected to the socket bound at PATH
+#   stream:PATH      a stream socket connected to the one listening at PATH
+import fcntl
+import mmap
+import os
+import socket
+import sys
+import tempfile
+import time
+
+held = []
+for what in sys.argv[2:]:
+    kind, arg = what.split(":", 1)
+    if kind == "flock":
+        f = open(arg, "w")
+        fcntl.flock(f, fcntl.LOCK_EX)
+        held.append(f)
+    elif kind in ("ghost", "ghostmap"):
+        fd, path = tempfile.mkstemp(dir="/dev/shm", prefix="stasis-preflight-")
+        os.unlink(path)
+        os.write(fd, os.urandom(int(arg)))
+        if kind == "ghostmap":
+            held.append(mmap.mmap(fd, int(arg), flags=mmap.MAP_SHARED))
+            os.close(fd)
+        else:
+            held.append(fd)
+    elif kind == "linkremap":
+        a, b = os.path.join(arg, "a"), os.path.join(arg, "b")
+        held.append(open(a, "w"))
+        os.link(a, b)
+        os.unlink(a)
+    elif kind == "memfd":
+        fd = os.memfd_create("stasis-preflight")
+        os.write(fd, os.urandom(int(arg)))
+        held.append(fd)
+    elif kind in ("dgram", "stream"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM if kind == "dgram" else socket.SOCK_STREAM)
+        s.connect(arg)
+        held.append(s)
+    else:
+        sys.exit("holder.py: what is " + what)
+open(sys.argv[1], "w").close()
+while True:
+    time.sleep(1)
