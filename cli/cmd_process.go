@@ -102,8 +102,15 @@ func (e *env) checkpointCommand() *ucli.Command {
 					"dump_seconds": res.Dump.Seconds(), "store_seconds": res.Store.Seconds(), "gpu_resume_seconds": res.GPUResume.Seconds(),
 					"pause_seconds": res.Pause.Seconds(), "store_backlog_seconds": res.Backlog.Seconds(), "commit_seconds": res.Commit.Seconds(),
 					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM, "copied_pages_bytes": res.CopiedPages, "dump_pages": dumpPagesUsed(res),
-					"early_copied_bytes": res.EarlyCopied, "early_copy_dropped": res.EarlyDropped,
+					"early_copied_bytes": res.EarlyCopied, "early_copy_dropped": res.EarlyDropped, "preflight": res.Plan,
 				}), hookErr)
+			}
+			if res.Plan != nil {
+				for _, ch := range res.Plan.Options {
+					if ch.By == "preflight" {
+						fmt.Fprintf(e.stderr, "stasis: preflight: %s\n", describeChoice(ch))
+					}
+				}
 			}
 			pause := ""
 			if res.Pause > 0 {
@@ -199,4 +206,13 @@ func dumpPagesUsed(res *checkpoint.Result) string {
 		return "copy"
 	}
 	return "criu"
+}
+
+// describeChoice says what the preflight chose, and why, on one line.
+func describeChoice(ch checkpoint.Choice) string {
+	opt := ch.Option
+	if ch.Value != "" {
+		opt += "=" + ch.Value
+	}
+	return fmt.Sprintf("%s: %s", opt, ch.Why)
 }
