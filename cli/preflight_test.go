@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stasis-ckpt/stasis/cli"
 )
 
 // preflightJSON is the preflight's record, in `checkpoint --json` and in
@@ -180,5 +182,39 @@ func testGPUForkedWorkers(t *testing.T, b gpuBackend, f *fakeDriver) {
 	f.wantCalls(t, pid, "restore P 0", "unlock P 0")
 	for i, name := range []string{out, out + ".1", out + ".2"} {
 		consecutive(t, waitCounting(t, name, at[i]+3))
+	}
+}
+
+// TestPreflightRefusesADeviceMapping checkpoints a job that maps a device
+// (a page of an idle loop device, where a DataLoader worker forked from a
+// CUDA process maps the NVIDIA devices it inherited, which no CI machine
+// has): CRIU could not dump it ("Can't handle non-regular mapping"), so the
+// preflight refuses in one line (exit 15) before anything is touched, and
+// the job runs on.
+func TestPreflightRefusesADeviceMapping(t *testing.T) {
+	requireCRIU(t)
+	requirePython(t)
+	const device = "/dev/loop0"
+	if st, err := os.Stat(device); err != nil || st.Mode()&os.ModeDevice == 0 {
+		t.Skipf("%s is needed as a device to map", device)
+	}
+	home, tmp := t.TempDir(), t.TempDir()
+	ready := filepath.Join(tmp, "ready")
+	pid := startDetached(t, "python3", "../checkpoint/testdata/holder.py", ready, "device:"+device)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) || !alive(pid) {
+			t.Fatal("holder.py did not map the device")
+		}
+	}
+	expectCode(t, run(t, home, "checkpoint", "--pid", strconv.Itoa(pid)), cli.ExitRefused,
+		fmt.Sprintf(`^stasis: cannot checkpoint: PID %d \(python3\) maps the device %s \(at 0x[0-9a-f]+, 7:0\), which CRIU cannot dump\n$`, pid, device))
+	if !alive(pid) || tracedBy(pid) != 0 {
+		t.Fatal("the refused job does not run on")
+	}
+	if recs := list(t, home); len(recs) != 0 {
+		t.Fatalf("a refused checkpoint is listed: %+v", recs)
 	}
 }

@@ -8,6 +8,7 @@
 #   memfd:SIZE       a memfd of SIZE bytes
 #   dgram:PATH       a datagram socket connected to the socket bound at PATH
 #   stream:PATH      a stream socket connected to the one listening at PATH
+#   device:PATH      a page of the device PATH (a block device) mapped
 import fcntl
 import mmap
 import os
@@ -45,6 +46,10 @@ for what in sys.argv[2:]:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM if kind == "dgram" else socket.SOCK_STREAM)
         s.connect(arg)
         held.append(s)
+    elif kind == "device":
+        fd = os.open(arg, os.O_RDONLY)
+        held.append(mmap.mmap(fd, 4096, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ))
+        os.close(fd)
     else:
         sys.exit("holder.py: what is " + what)
 open(sys.argv[1], "w").close()
