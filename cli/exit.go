@@ -33,7 +33,7 @@ const (
 	ExitHookFailed  = 12  // a user hook script failed or timed out
 	ExitBadStream   = 13  // an import stream is not a stasis export, is truncated, or holds what an export may not; nothing was imported
 	ExitExists      = 14  // the checkpoint to import is already in the store; nothing was changed
-	ExitRefused     = 15  // the checkpoint's preflight refused the tree (it holds what CRIU cannot dump); nothing was touched, the job runs on
+	ExitRefused     = 16  // the checkpoint's preflight refused the tree (it holds what CRIU cannot dump); nothing was touched, the job runs on
 	ExitInterrupted = 130 // stopped by SIGINT or SIGTERM; the partial checkpoint was removed
 
 	// stasis run's own codes, modeled on timeout(1); otherwise it exits

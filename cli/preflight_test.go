@@ -189,7 +189,7 @@ func testGPUForkedWorkers(t *testing.T, b gpuBackend, f *fakeDriver) {
 // (a page of an idle loop device, where a DataLoader worker forked from a
 // CUDA process maps the NVIDIA devices it inherited, which no CI machine
 // has): CRIU could not dump it ("Can't handle non-regular mapping"), so the
-// preflight refuses in one line (exit 15) before anything is touched, and
+// preflight refuses in one line (exit 16) before anything is touched, and
 // the job runs on.
 func TestPreflightRefusesADeviceMapping(t *testing.T) {
 	requireCRIU(t)
