@@ -17,7 +17,9 @@ import (
 
 // A filled restore (PagesFill) splits each process's memory in two. CRIU
 // restores the pages of file mappings, read-only memory and the like from
-// a pages image rewritten to hold only those; the pages of private
+// a pages image rewritten to hold only those, and the contents of shared
+// memory (shared anonymous mappings, memfds) from their own pages images,
+// whole; the pages of private
 // anonymous writable memory (the heap, the stacks, what malloc and the
 // CUDA checkpoint hold: nearly all of a training job's bytes) are left
 // out of its pagemap, so it maps that memory fresh (all zeros), and
@@ -78,8 +80,26 @@ func planFill(m *catalog.Manifest, images string) (*fillPlan, error) {
 		return nil, err
 	}
 	plan := &fillPlan{}
+	claimed := map[string]bool{}
 	for _, pid := range pids {
-		if err := plan.addProcess(images, pid, pagesEntries); err != nil {
+		if err := plan.addProcess(images, pid, pagesEntries, claimed); err != nil {
+			plan.close()
+			return nil, err
+		}
+	}
+	// The pages images no process's pagemap names hold the contents of
+	// shared memory: MAP_SHARED|MAP_ANONYMOUS mappings, System V shared
+	// memory and memfds (CRIU's pagemap-shmem-ID.img name them). CRIU
+	// restores those itself, from the whole image.
+	names := make([]string, 0, len(pagesEntries))
+	for name := range pagesEntries {
+		if !claimed[name] {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := plan.keepWhole(images, pagesEntries[name]); err != nil {
 			plan.close()
 			return nil, err
 		}
@@ -87,7 +107,23 @@ func planFill(m *catalog.Manifest, images string) (*fillPlan, error) {
 	return plan, nil
 }
 
-func (p *fillPlan) addProcess(images string, pid int, pagesEntries map[string]catalog.Entry) error {
+// keepWhole has the pages image e written out whole for CRIU.
+func (p *fillPlan) keepWhole(images string, e catalog.Entry) error {
+	out, err := os.OpenFile(filepath.Join(images, e.Path), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	p.outs = append(p.outs, out)
+	if e.Size > 0 {
+		p.keep = append(p.keep, piece{Extent: catalog.Extent{File: e.File, Offset: e.Offset, Size: e.Size}, out: out})
+		p.KeepBytes += e.Size
+	}
+	return nil
+}
+
+// addProcess plans the memory of process pid, and marks the pages image
+// its pagemap names as claimed.
+func (p *fillPlan) addProcess(images string, pid int, pagesEntries map[string]catalog.Entry, claimed map[string]bool) error {
 	pmPath := filepath.Join(images, fmt.Sprintf("pagemap-%d.img", pid))
 	if _, err := os.Stat(pmPath); errors.Is(err, os.ErrNotExist) {
 		return nil // a zombie has no memory
@@ -106,6 +142,10 @@ func (p *fillPlan) addProcess(images string, pid int, pagesEntries map[string]ca
 	if !ok {
 		return fmt.Errorf("%w: process %d's memory image %s is not in the checkpoint", catalog.ErrBadManifest, pid, pagesName)
 	}
+	if claimed[pagesName] {
+		return fmt.Errorf("%w: memory image %s is named by two pagemaps", catalog.ErrBadManifest, pagesName)
+	}
+	claimed[pagesName] = true
 	out, err := os.OpenFile(filepath.Join(images, pagesName), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
