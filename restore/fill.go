@@ -7,11 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/criu"
+	"github.com/stasis-ckpt/stasis/internal/failpoint"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,10 +46,14 @@ func fillable(v *criu.VMA) bool {
 // addr (fill), or into out at outOff (the pages CRIU restores).
 type piece struct {
 	catalog.Extent
-	pid    int
-	addr   uint64
-	out    *os.File
-	outOff int64
+	// image is the pages image the bytes are of, and imageOff where they
+	// lie in it.
+	image    string
+	imageOff int64
+	pid      int
+	addr     uint64
+	out      *os.File
+	outOff   int64
 }
 
 // fillPlan is what a filled restore does with the memory images.
@@ -57,6 +63,11 @@ type fillPlan struct {
 	// FillBytes and KeepBytes count the bytes of each.
 	FillBytes, KeepBytes int64
 	outs                 []*os.File
+	// memory is where the images say each page lies, read before any is
+	// rewritten, and digests the digest of each page, taken as the bytes
+	// go by: checkMemory compares the two in the restored tree.
+	memory  *memoryMap
+	digests *pageDigests
 }
 
 func (p *fillPlan) close() {
@@ -79,7 +90,14 @@ func planFill(m *catalog.Manifest, images string) (*fillPlan, error) {
 	if err != nil {
 		return nil, err
 	}
-	plan := &fillPlan{}
+	memory, err := readMemoryMap(images, pids)
+	if err != nil {
+		return nil, err
+	}
+	plan := &fillPlan{memory: memory, digests: newPageDigests()}
+	for name, e := range pagesEntries {
+		plan.digests.addImage(name, e.Size)
+	}
 	claimed := map[string]bool{}
 	for _, pid := range pids {
 		if err := plan.addProcess(images, pid, pagesEntries, claimed); err != nil {
@@ -115,7 +133,7 @@ func (p *fillPlan) keepWhole(images string, e catalog.Entry) error {
 	}
 	p.outs = append(p.outs, out)
 	if e.Size > 0 {
-		p.keep = append(p.keep, piece{Extent: catalog.Extent{File: e.File, Offset: e.Offset, Size: e.Size}, out: out})
+		p.keep = append(p.keep, piece{Extent: catalog.Extent{File: e.File, Offset: e.Offset, Size: e.Size}, image: e.Path, out: out})
 		p.KeepBytes += e.Size
 	}
 	return nil
@@ -171,7 +189,7 @@ func (p *fillPlan) addProcess(images string, pid int, pagesEntries map[string]ca
 				stop = min(end, vmas[i].GetStart())
 			}
 			n := int64(stop - addr)
-			pc := piece{Extent: catalog.Extent{File: e.File, Offset: e.Offset + inImage, Size: n}}
+			pc := piece{Extent: catalog.Extent{File: e.File, Offset: e.Offset + inImage, Size: n}, image: pagesName, imageOff: inImage}
 			if fill {
 				pc.pid, pc.addr = pid, addr
 				p.fill = append(p.fill, pc)
@@ -210,6 +228,7 @@ func eachPart(ctx context.Context, s *catalog.Store, m *catalog.Manifest, pieces
 // writeKept writes the pages left to CRIU into the rewritten pages images.
 func (p *fillPlan) writeKept(ctx context.Context, s *catalog.Store, m *catalog.Manifest, ro catalog.ReadOptions) error {
 	return eachPart(ctx, s, m, p.keep, ro, func(pc *piece, at int64, b []byte) error {
+		p.digests.record(pc.image, pc.imageOff+at, b)
 		_, err := pc.out.WriteAt(b, pc.outOff+at)
 		return err
 	})
@@ -237,7 +256,12 @@ func (p *fillPlan) writeFilled(ctx context.Context, s *catalog.Store, m *catalog
 		hosts[pc.pid] = h
 	}
 	var written, zero atomic.Int64
+	var wrongOnce sync.Once
 	err := eachPart(ctx, s, m, p.fill, ro, func(pc *piece, at int64, b []byte) error {
+		p.digests.record(pc.image, pc.imageOff+at, b)
+		if failpoint.Active(failpoint.FillWrongPage) {
+			wrongOnce.Do(func() { b = append([]byte(nil), b...); b[len(b)/2] ^= 0x5A })
+		}
 		w, z, err := writeMemory(hosts[pc.pid], pc.addr+uint64(at), b)
 		written.Add(w)
 		zero.Add(z)
