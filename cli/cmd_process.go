@@ -181,13 +181,14 @@ func (e *env) restoreCommand() *ucli.Command {
 					"gpu_seconds": res.GPU.Seconds(), "gpu_remapped": len(res.GPUPairs) > 0, "pid_inside_namespace": res.PIDInside,
 					"total_seconds": res.Total.Seconds(), "images_in_ram": res.ImagesInRAM, "pages": res.Pages,
 					"fill_seconds": res.Fill.Seconds(), "filled_bytes": res.Filled, "filled_zero_bytes": res.FilledZero, "kept_for_criu_bytes": res.KeptForCRIU,
+					"checked_bytes": res.Checked, "check_seconds": res.Check.Seconds(), "unchecked_shared_bytes": res.UncheckedShared,
 					"stream_write_seconds": res.StreamWrite.Seconds(),
 				}), hookErr)
 			}
 			criuStep := "criu " + res.CRIU.Round(time.Millisecond).String()
 			switch res.Pages {
 			case restore.PagesFill:
-				criuStep += fmt.Sprintf(" (of which %s writing %s of memory into the tree, %s of zeros left out)", res.Fill.Round(time.Millisecond), humanBytes(res.Filled), humanBytes(res.FilledZero))
+				criuStep += fmt.Sprintf(" (of which %s writing %s of memory into the tree, %s of zeros left out; %s checking %s of it against the checkpoint)", res.Fill.Round(time.Millisecond), humanBytes(res.Filled), humanBytes(res.FilledZero), res.Check.Round(time.Millisecond), humanBytes(res.Checked))
 			case restore.PagesStream:
 				criuStep += " (memory streamed)"
 			}

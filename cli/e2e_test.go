@@ -28,7 +28,9 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	stasisBin = filepath.Join(dir, "stasis")
-	build := exec.Command("go", "build", "-o", stasisBin, "github.com/stasis-ckpt/stasis/cmd/stasis")
+	// With the failpoints of internal/failpoint, which tests switch on
+	// through $STASIS_FAILPOINTS.
+	build := exec.Command("go", "build", "-tags", "stasis_failpoints", "-o", stasisBin, "github.com/stasis-ckpt/stasis/cmd/stasis")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building stasis:", err)

@@ -33,6 +33,7 @@ const (
 	ExitHookFailed  = 12  // a user hook script failed or timed out
 	ExitBadStream   = 13  // an import stream is not a stasis export, is truncated, or holds what an export may not; nothing was imported
 	ExitExists      = 14  // the checkpoint to import is already in the store; nothing was changed
+	ExitMemory      = 15  // the restored tree's memory was not what was checkpointed; CRIU undid the restore, nothing of it runs
 	ExitRefused     = 16  // the checkpoint's preflight refused the tree (it holds what CRIU cannot dump); nothing was touched, the job runs on
 	ExitInterrupted = 130 // stopped by SIGINT or SIGTERM; the partial checkpoint was removed
 
@@ -98,6 +99,8 @@ func exitCode(err error) int {
 		return ExitMismatch
 	case errors.Is(err, criu.ErrNotInstalled), errors.Is(err, criu.ErrTooOld), errors.Is(err, cuda.ErrUnavailable):
 		return ExitMissingTool
+	case errors.Is(err, restore.ErrMemoryMismatch):
+		return ExitMemory
 	case errors.Is(err, restore.ErrPIDInUse):
 		return ExitPIDInUse
 	case errors.Is(err, checkpoint.ErrNoProcess), errors.As(err, new(notFoundError)):

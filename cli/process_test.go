@@ -778,6 +778,10 @@ func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
 				Filled int64  `json:"filled_bytes"`
 				Zero   int64  `json:"filled_zero_bytes"`
 				Kept   int64  `json:"kept_for_criu_bytes"`
+				// The memory read back and found as checkpointed, and
+				// the shared memory that could not be.
+				Checked   int64 `json:"checked_bytes"`
+				Unchecked int64 `json:"unchecked_shared_bytes"`
 			}
 			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 				t.Fatalf("restore --json printed %q: %v", r.stdout, err)
@@ -790,12 +794,53 @@ func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
 				if rep.Filled < 8<<20 || rep.Zero < 4<<20 || rep.Kept < 1<<20 {
 					t.Errorf("filled %d bytes, left out %d as zeros, kept %d for CRIU", rep.Filled, rep.Zero, rep.Kept)
 				}
+				// Every page is read back: the filled ones, the zeros,
+				// CRIU's, and the shared memory and memfd in both
+				// processes (mapped, and the memfd through its
+				// descriptor too).
+				if rep.Checked < rep.Filled+rep.Zero+rep.Kept+2*(3<<20) || rep.Unchecked != 0 {
+					t.Errorf("checked %d bytes (filled %d, zeros %d, kept %d), %d of shared memory unchecked", rep.Checked, rep.Filled, rep.Zero, rep.Kept, rep.Unchecked)
+				}
 			} else if rep.Filled != 0 {
 				t.Errorf("--pages %s filled %d bytes", rep.Pages, rep.Filled)
 			}
 			from = waitMemchecks(t, out, from)
 		})
 	}
+}
+
+// TestRestoreFailsOnWrongMemory restores a checkpoint with one byte of
+// the memory stasis fills made wrong (a failpoint of the tests' build): the
+// check of the restored memory finds it, CRIU undoes the restore (nothing
+// of the tree is left), the error is one line with its own exit code; the
+// same checkpoint then restores right.
+func TestRestoreFailsOnWrongMemory(t *testing.T) {
+	requireCRIU(t)
+	requirePython(t)
+	home := t.TempDir()
+	out := filepath.Join(t.TempDir(), "checks")
+	pid := startDetached(t, "python3", "testdata/memcheck.py", out)
+	from := waitMemchecks(t, out, 0)
+	id := checkpointPID(t, home, pid)
+	waitGone(t, pid)
+	before := len(memcheckLines(t, out))
+	t.Setenv("STASIS_FAILPOINTS", "fill-wrong-page")
+	r := run(t, home, "restore", id)
+	expectCode(t, r, 15, `^stasis: restored memory differs from the checkpoint: process \d+ \(PID \d+ here\), mapping 0x[0-9a-f]+-0x[0-9a-f]+, page at 0x[0-9a-f]+ \(CRIU undid the restore; nothing of the tree runs\)`)
+	// The tree CRIU undid goes (it may still be being torn down), and
+	// never checked its memory: it never ran.
+	waitGone(t, pid)
+	if n := len(memcheckLines(t, out)); n != before {
+		t.Fatalf("the tree of the failed restore ran: %d checks written, %d before", n, before)
+	}
+	t.Setenv("STASIS_FAILPOINTS", "")
+	r = mustRun(t, home, "restore", id)
+	restored, err := strconv.Atoi(strings.TrimSpace(r.stdout))
+	if err != nil {
+		t.Fatalf("restore printed %q", r.stdout)
+	}
+	defer func() { killTree(restored); waitGone(t, restored) }()
+	waitMemchecks(t, out, from)
 }
 
 // TestEarlyCopyDropped checkpoints, with --dump-pages copy, a process

@@ -7,11 +7,17 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"sync"
 
+	criu_core "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/memfd"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
+	"github.com/checkpoint-restore/go-criu/v7/magic"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -210,3 +216,99 @@ func writeImage(path string, magic uint32, msgs []proto.Message) error {
 	}
 	return os.WriteFile(path, out, 0o600)
 }
+
+// Bits of a VMA's status that say what backs it (criu/include/image.h).
+const (
+	VMAVsyscall   = 1 << 2
+	VMAVDSO       = 1 << 3
+	VMAAnonShared = 1 << 8
+	VMASysVIPC    = 1 << 10
+	VMASocket     = 1 << 11
+	VMAVVAR       = 1 << 12
+	VMAAIORing    = 1 << 13
+	VMAMemfd      = 1 << 14
+	VMAShadowStk  = 1 << 15
+)
+
+// imageMagic is the magic of CRIU's image kind name, from go-criu's table.
+func imageMagic(name string) uint32 {
+	magicOnce.Do(func() { magics = magic.LoadMagic() })
+	return uint32(magics.ByName[name])
+}
+
+var (
+	magicOnce sync.Once
+	magics    magic.MagicMap
+)
+
+// readEntries reads every entry of an image of kind name (its magic) as a
+// T; a missing image reads as none.
+func readEntries[T proto.Message](path, name string, newT func() T) ([]T, error) {
+	var out []T
+	err := readImage(path, imageMagic(name), func(_ int, payload []byte) error {
+		e := newT()
+		if err := proto.Unmarshal(payload, e); err != nil {
+			return err
+		}
+		out = append(out, e)
+		return nil
+	})
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return out, err
+}
+
+// ReadMemfdShmids reads, from files.img and memfd.img, the shmid (the
+// pagemap-shmem-SHMID.img holding its contents) of every memfd file
+// of the tree, by the file's ID (what a memfd mapping's VMA names in its
+// shmid, and what an fdinfo entry names).
+func ReadMemfdShmids(images string) (map[uint32]uint32, error) {
+	inodes, err := readEntries(filepath.Join(images, "memfd.img"), "MEMFD_INODE", func() *memfd.MemfdInodeEntry { return &memfd.MemfdInodeEntry{} })
+	if err != nil {
+		return nil, err
+	}
+	shmidOf := map[uint64]uint32{}
+	for _, in := range inodes {
+		shmidOf[in.GetInodeId()] = in.GetShmid()
+	}
+	files, err := readEntries(filepath.Join(images, "files.img"), "FILES", func() *fdinfo.FileEntry { return &fdinfo.FileEntry{} })
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint32]uint32{}
+	for _, f := range files {
+		if f.GetType() != fdinfo.FdTypes_MEMFD || f.GetMemfd() == nil {
+			continue
+		}
+		if shmid, ok := shmidOf[uint64(f.GetMemfd().GetInodeId())]; ok {
+			out[f.GetId()] = shmid
+		}
+	}
+	return out, nil
+}
+
+// ReadMemfdFds reads which descriptors of process pid (as in its images)
+// are memfds: descriptor to file ID (see ReadMemfdShmids).
+func ReadMemfdFds(images string, pid int) (map[int]uint32, error) {
+	ids, err := readEntries(filepath.Join(images, fmt.Sprintf("ids-%d.img", pid)), "IDS", func() *criu_core.TaskKobjIdsEntry { return &criu_core.TaskKobjIdsEntry{} })
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	fds, err := readEntries(filepath.Join(images, fmt.Sprintf("fdinfo-%d.img", ids[0].GetFilesId())), "FDINFO", func() *fdinfo.FdinfoEntry { return &fdinfo.FdinfoEntry{} })
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]uint32{}
+	for _, fd := range fds {
+		if fd.GetType() == fdinfo.FdTypes_MEMFD {
+			out[int(fd.GetFd())] = fd.GetId()
+		}
+	}
+	return out, nil
+}
+
+// ShmemPagemapPrefix begins the names of the pagemaps of shared memory
+// contents: pagemap-shmem-SHMID.img, whose entries' addresses are offsets
+// into the shared memory object.
+const ShmemPagemapPrefix = "pagemap-shmem-"

@@ -7,17 +7,21 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/criu"
+	"github.com/stasis-ckpt/stasis/internal/failpoint"
 	"golang.org/x/sys/unix"
 )
 
 // A filled restore (PagesFill) splits each process's memory in two. CRIU
 // restores the pages of file mappings, read-only memory and the like from
-// a pages image rewritten to hold only those; the pages of private
+// a pages image rewritten to hold only those, and the contents of shared
+// memory (shared anonymous mappings, memfds) from their own pages images,
+// whole; the pages of private
 // anonymous writable memory (the heap, the stacks, what malloc and the
 // CUDA checkpoint hold: nearly all of a training job's bytes) are left
 // out of its pagemap, so it maps that memory fresh (all zeros), and
@@ -42,10 +46,14 @@ func fillable(v *criu.VMA) bool {
 // addr (fill), or into out at outOff (the pages CRIU restores).
 type piece struct {
 	catalog.Extent
-	pid    int
-	addr   uint64
-	out    *os.File
-	outOff int64
+	// image is the pages image the bytes are of, and imageOff where they
+	// lie in it.
+	image    string
+	imageOff int64
+	pid      int
+	addr     uint64
+	out      *os.File
+	outOff   int64
 }
 
 // fillPlan is what a filled restore does with the memory images.
@@ -55,6 +63,11 @@ type fillPlan struct {
 	// FillBytes and KeepBytes count the bytes of each.
 	FillBytes, KeepBytes int64
 	outs                 []*os.File
+	// memory is where the images say each page lies, read before any is
+	// rewritten, and digests the digest of each page, taken as the bytes
+	// go by: checkMemory compares the two in the restored tree.
+	memory  *memoryMap
+	digests *pageDigests
 }
 
 func (p *fillPlan) close() {
@@ -77,9 +90,34 @@ func planFill(m *catalog.Manifest, images string) (*fillPlan, error) {
 	if err != nil {
 		return nil, err
 	}
-	plan := &fillPlan{}
+	memory, err := readMemoryMap(images, pids)
+	if err != nil {
+		return nil, err
+	}
+	plan := &fillPlan{memory: memory, digests: newPageDigests()}
+	for name, e := range pagesEntries {
+		plan.digests.addImage(name, e.Size)
+	}
+	claimed := map[string]bool{}
 	for _, pid := range pids {
-		if err := plan.addProcess(images, pid, pagesEntries); err != nil {
+		if err := plan.addProcess(images, pid, pagesEntries, claimed); err != nil {
+			plan.close()
+			return nil, err
+		}
+	}
+	// The pages images no process's pagemap names hold the contents of
+	// shared memory: MAP_SHARED|MAP_ANONYMOUS mappings, System V shared
+	// memory and memfds (CRIU's pagemap-shmem-ID.img name them). CRIU
+	// restores those itself, from the whole image.
+	names := make([]string, 0, len(pagesEntries))
+	for name := range pagesEntries {
+		if !claimed[name] {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := plan.keepWhole(images, pagesEntries[name]); err != nil {
 			plan.close()
 			return nil, err
 		}
@@ -87,7 +125,23 @@ func planFill(m *catalog.Manifest, images string) (*fillPlan, error) {
 	return plan, nil
 }
 
-func (p *fillPlan) addProcess(images string, pid int, pagesEntries map[string]catalog.Entry) error {
+// keepWhole has the pages image e written out whole for CRIU.
+func (p *fillPlan) keepWhole(images string, e catalog.Entry) error {
+	out, err := os.OpenFile(filepath.Join(images, e.Path), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	p.outs = append(p.outs, out)
+	if e.Size > 0 {
+		p.keep = append(p.keep, piece{Extent: catalog.Extent{File: e.File, Offset: e.Offset, Size: e.Size}, image: e.Path, out: out})
+		p.KeepBytes += e.Size
+	}
+	return nil
+}
+
+// addProcess plans the memory of process pid, and marks the pages image
+// its pagemap names as claimed.
+func (p *fillPlan) addProcess(images string, pid int, pagesEntries map[string]catalog.Entry, claimed map[string]bool) error {
 	pmPath := filepath.Join(images, fmt.Sprintf("pagemap-%d.img", pid))
 	if _, err := os.Stat(pmPath); errors.Is(err, os.ErrNotExist) {
 		return nil // a zombie has no memory
@@ -106,6 +160,10 @@ func (p *fillPlan) addProcess(images string, pid int, pagesEntries map[string]ca
 	if !ok {
 		return fmt.Errorf("%w: process %d's memory image %s is not in the checkpoint", catalog.ErrBadManifest, pid, pagesName)
 	}
+	if claimed[pagesName] {
+		return fmt.Errorf("%w: memory image %s is named by two pagemaps", catalog.ErrBadManifest, pagesName)
+	}
+	claimed[pagesName] = true
 	out, err := os.OpenFile(filepath.Join(images, pagesName), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
@@ -131,7 +189,7 @@ func (p *fillPlan) addProcess(images string, pid int, pagesEntries map[string]ca
 				stop = min(end, vmas[i].GetStart())
 			}
 			n := int64(stop - addr)
-			pc := piece{Extent: catalog.Extent{File: e.File, Offset: e.Offset + inImage, Size: n}}
+			pc := piece{Extent: catalog.Extent{File: e.File, Offset: e.Offset + inImage, Size: n}, image: pagesName, imageOff: inImage}
 			if fill {
 				pc.pid, pc.addr = pid, addr
 				p.fill = append(p.fill, pc)
@@ -170,6 +228,7 @@ func eachPart(ctx context.Context, s *catalog.Store, m *catalog.Manifest, pieces
 // writeKept writes the pages left to CRIU into the rewritten pages images.
 func (p *fillPlan) writeKept(ctx context.Context, s *catalog.Store, m *catalog.Manifest, ro catalog.ReadOptions) error {
 	return eachPart(ctx, s, m, p.keep, ro, func(pc *piece, at int64, b []byte) error {
+		p.digests.record(pc.image, pc.imageOff+at, b)
 		_, err := pc.out.WriteAt(b, pc.outOff+at)
 		return err
 	})
@@ -197,7 +256,12 @@ func (p *fillPlan) writeFilled(ctx context.Context, s *catalog.Store, m *catalog
 		hosts[pc.pid] = h
 	}
 	var written, zero atomic.Int64
+	var wrongOnce sync.Once
 	err := eachPart(ctx, s, m, p.fill, ro, func(pc *piece, at int64, b []byte) error {
+		p.digests.record(pc.image, pc.imageOff+at, b)
+		if failpoint.Active(failpoint.FillWrongPage) {
+			wrongOnce.Do(func() { b = append([]byte(nil), b...); b[len(b)/2] ^= 0x5A })
+		}
 		w, z, err := writeMemory(hosts[pc.pid], pc.addr+uint64(at), b)
 		written.Add(w)
 		zero.Add(z)

@@ -353,6 +353,53 @@ func TestPlanFillOnlyFillable(t *testing.T) {
 	}
 }
 
+// TestPlanFillKeepsSharedMemory: the pages images no process's pagemap
+// names (the contents of shared anonymous memory and memfds, which CRIU's
+// pagemap-shmem-ID.img name) are kept whole for CRIU, each in its own
+// file; the processes' pieces are planned as before. A pages image that
+// two pagemaps name is refused.
+func TestPlanFillKeepsSharedMemory(t *testing.T) {
+	tr := newFillTree(t)
+	tr.m.Entries = append(tr.m.Entries,
+		catalog.Entry{Path: "pages-3.img", Type: catalog.EntryFile, Size: 5 * page, File: 1, Offset: off2 + 3*page},
+		catalog.Entry{Path: "pages-4.img", Type: catalog.EntryFile, Size: 0, File: 1, Offset: off2 + 8*page})
+	plan, err := planFill(tr.m, tr.images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plan.close()
+	_, keeps := cutsOf(plan)
+	var shm []keepCut
+	for _, k := range keeps {
+		if k.out == "pages-3.img" || k.out == "pages-4.img" {
+			shm = append(shm, k)
+		}
+	}
+	if want := []keepCut{{1, off2 + 3*page, 5 * page, "pages-3.img", 0}}; !sameSlices(shm, want) {
+		t.Errorf("shared memory kept as %+v, want %+v", shm, want)
+	}
+	if plan.FillBytes != 7*page || plan.KeepBytes != 14*page || len(plan.outs) != 4 {
+		t.Errorf("FillBytes %d KeepBytes %d with %d pages images; want %d, %d, 4", plan.FillBytes, plan.KeepBytes, len(plan.outs), 7*page, 14*page)
+	}
+	for _, name := range []string{"pages-3.img", "pages-4.img"} {
+		if st, err := os.Stat(filepath.Join(tr.images, name)); err != nil || st.Size() != 0 {
+			t.Errorf("%s: %v, %v; want an empty file, for writeKept", name, st, err)
+		}
+	}
+
+	tr = newFillTree(t)
+	tr.pm101.PagesID = 1
+	if err := criu.WritePagemap(filepath.Join(tr.images, "pagemap-101.img"), tr.pm101); err != nil {
+		t.Fatal(err)
+	}
+	if plan, err := planFill(tr.m, tr.images); !errors.Is(err, catalog.ErrBadManifest) {
+		if plan != nil {
+			plan.close()
+		}
+		t.Errorf("two pagemaps naming pages-1.img: %v, want ErrBadManifest", err)
+	}
+}
+
 // TestPlanFillZombie: a process without a pagemap (a zombie) has nothing
 // to plan and no pages image is asked for.
 func TestPlanFillZombie(t *testing.T) {

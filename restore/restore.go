@@ -145,6 +145,12 @@ type Result struct {
 	// the tree and the bytes it left out as all zeros (PagesFill);
 	// KeptForCRIU the bytes of pages CRIU restored itself.
 	Filled, FilledZero, KeptForCRIU int64
+	// Checked counts the bytes of memory read back from the restored tree
+	// and found as checkpointed, in Check (PagesFill; part of CRIU);
+	// UncheckedShared the bytes of shared memory no process maps or
+	// holds open, which could not be read back.
+	Checked, UncheckedShared int64
+	Check                    time.Duration
 	// StreamWrite (PagesStream) is the time spent writing the memory
 	// images into CRIU's pipes (mostly waiting for CRIU to read them):
 	// close to CRIU means CRIU set the pace, far below it the store did.
@@ -270,6 +276,12 @@ func Run(ctx context.Context, s *catalog.Store, id string, o Options) (*Result, 
 			t := time.Now()
 			st, err := plan.writeFilled(ctx, s, m, o.Read, imagePIDs(init))
 			res.Fill, res.Filled, res.FilledZero, fillErr = time.Since(t), st.Written, st.Zero, err
+			if err != nil {
+				return err
+			}
+			t = time.Now()
+			ck, err := checkMemory(ctx, plan.memory, plan.digests, imagePIDs(init))
+			res.Check, res.Checked, res.UncheckedShared, fillErr = time.Since(t), ck.Bytes, ck.UnmappedShared, err
 			return err
 		}
 	}

@@ -22,13 +22,19 @@ fi
 # Debian packages the tests use: gcc (the C ABI's test program, shared
 # libraries for doctor's tests), util-linux (flock, script), e2fsprogs
 # (mkfs.ext4 for the disk-full test), diffutils, and Python 3 with NumPy
-# (the Python package's tests; Debian's, used as /usr/bin/python3).
+# and PyTorch (the Python package's tests; Debian's, used as
+# /usr/bin/python3).
 need=()
 for tool in gcc:gcc flock:util-linux script:bsdutils mkfs.ext4:e2fsprogs diff:diffutils losetup:mount; do
 	command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool#*:}")
 done
 if ! /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1; then
 	need+=(python3 python3-numpy)
+fi
+# PyTorch (Debian's 1.13, CPU only) for the DataLoader job checkpointed
+# through stasis (scripts/gpu-dataloader.sh on the CPU).
+if ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
+	need+=(python3-torch)
 fi
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then

@@ -11,7 +11,11 @@
 #   (PROT_NONE), which each check opens to read and closes again;
 # - file: a private mapping of a file, two of its pages changed (so their
 #   copies are anonymous pages of a file mapping);
-# - heap: 8 MiB in a bytearray.
+# - heap: 8 MiB in a bytearray;
+# - shared: 2 MiB of shared anonymous memory (MAP_SHARED|MAP_ANONYMOUS),
+#   which parent and child both map;
+# - memfd: a memfd of 1 MiB and a bit, written with write(), which both
+#   map and also read through its descriptor.
 import ctypes
 import hashlib
 import mmap
@@ -67,6 +71,21 @@ file[5 * PAGE + 7] ^= 0xFF
 
 heap = bytearray(rnd.randbytes(8 << 20))
 
+shared = mmap.mmap(-1, 2 << 20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+shared[0:1 << 20] = rnd.randbytes(1 << 20)
+shared[(2 << 20) - PAGE + 9] = 0xA5
+
+memfd = os.memfd_create("memcheck")
+os.write(memfd, rnd.randbytes((1 << 20) + 100))
+memfd_map = mmap.mmap(memfd, 1 << 20, flags=mmap.MAP_SHARED)
+
+
+class Fd:
+    """The memfd's contents as read() gives them, like a region."""
+
+    def __getitem__(self, _):
+        return os.pread(memfd, (1 << 20) + 200, 0)
+
 role = "parent"
 if os.fork() == 0:
     role = "child"
@@ -74,7 +93,8 @@ if os.fork() == 0:
     anon[0:16 * PAGE] = rnd.randbytes(16 * PAGE)
     heap[0:PAGE] = rnd.randbytes(PAGE)
 
-regions = {"anon": anon, "readonly": readonly, "file": file, "heap": heap}
+regions = {"anon": anon, "readonly": readonly, "file": file, "heap": heap,
+           "shared": shared, "memfd": memfd_map, "memfd_fd": Fd()}
 
 
 def digests():
