@@ -138,9 +138,7 @@ func TestCheckpointDataLoaderShapedJob(t *testing.T) {
 	}
 	defer lock.Close()
 
-	// The default restore (--pages fill) of this branch loses shared
-	// memory (fixed apart, issue 22); the images are the same.
-	restored := restorePID(t, home, id, "--pages", "stream")
+	restored := restorePID(t, home, id)
 	if restored != pid {
 		t.Fatalf("restored as PID %d, checkpointed as %d", restored, pid)
 	}
