@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -156,6 +157,31 @@ func TestLogLevel(t *testing.T) {
 		if got := (Options{LogLevel: c.set}).logLevel(c.op); got != c.want {
 			t.Errorf("LogLevel %d, %s: level %d, want %d", c.set, c.op, got, c.want)
 		}
+	}
+}
+
+// TestDumpOnlyOptions: link remap and the ghost-file limit go to dumps
+// (command line and RPC), never to restores, and the limit is clamped.
+func TestDumpOnlyOptions(t *testing.T) {
+	o := Options{LinkRemap: true, GhostLimit: 3 << 20}
+	if got := strings.Join(o.dumpOnlyFlags(), " "); got != "--link-remap --ghost-limit 3145728" {
+		t.Errorf("dump flags %q", got)
+	}
+	if got := o.commandLineFlags(); len(got) != 0 {
+		t.Errorf("flags both dump and restore repeat: %q", got)
+	}
+	dir, err := os.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	dump, restore := o.rpcOpts("dump", dir, dir, nil, DumpLog), o.rpcOpts("restore", dir, dir, nil, RestoreLog)
+	if !dump.GetLinkRemap() || dump.GetGhostLimit() != 3<<20 || restore.LinkRemap != nil || restore.GhostLimit != nil {
+		t.Errorf("RPC: dump link_remap %v ghost_limit %d; restore %v %v", dump.GetLinkRemap(), dump.GetGhostLimit(), restore.LinkRemap, restore.GhostLimit)
+	}
+	big := Options{GhostLimit: 8 << 30}
+	if got := big.dumpOnlyFlags(); got[1] != strconv.Itoa(MaxGhostLimit) || big.rpcOpts("dump", dir, dir, nil, DumpLog).GetGhostLimit() != MaxGhostLimit {
+		t.Errorf("a limit of 8 GiB: %q", got)
 	}
 }
 
