@@ -13,6 +13,7 @@ import (
 	"github.com/stasis-ckpt/stasis/criu"
 	"github.com/stasis-ckpt/stasis/cuda"
 	"github.com/stasis-ckpt/stasis/internal/procmaps"
+	"github.com/stasis-ckpt/stasis/internal/trace"
 	"golang.org/x/sys/unix"
 )
 
@@ -86,7 +87,7 @@ type Plan struct {
 }
 
 // preflight is one preflight under way: the tree, the options as they
-// stand, and what was read of each process, for the checks to share.
+// stand, the plan so far, and which processes are CUDA processes.
 type preflight struct {
 	tree []Process
 	opts criu.Options
@@ -129,6 +130,7 @@ func Preflight(tree []Process, o criu.Options) (*Plan, criu.Options, error) {
 		if err := c.run(p); err != nil {
 			return nil, o, err
 		}
+		trace.Mark("checkpoint: preflight: " + c.name)
 	}
 	return p.plan, p.opts, nil
 }
@@ -201,13 +203,17 @@ func mapFileStat(pid int, m procmaps.Mapping) (unix.Stat_t, error) {
 var devZero = unix.Mkdev(1, 5)
 
 // deviceKind says what a mapping of a file of mode and rdev is to CRIU:
-// "" for a file CRIU dumps (a regular file, /dev/zero), "nvidia" for an
-// NVIDIA device (by its path, /dev/nvidia*, or its driver's name in
-// /proc/devices, names), "device" for any other device, which CRIU
-// cannot dump either.
+// "" for a file CRIU dumps (a regular file, /dev/zero) or may (AMD's
+// /dev/kfd and /dev/dri nodes, which CRIU's amdgpu plugin handles where it
+// is installed), "nvidia" for an NVIDIA device (by its path, /dev/nvidia*,
+// or its driver's name in /proc/devices, names), "device" for any other
+// device, which CRIU cannot dump either.
 func deviceKind(path string, mode uint32, rdev uint64, names map[uint32]string) string {
 	isChr, isBlk := mode&unix.S_IFMT == unix.S_IFCHR, mode&unix.S_IFMT == unix.S_IFBLK
 	if !isChr && !isBlk || isChr && rdev == devZero {
+		return ""
+	}
+	if p := strings.TrimSuffix(path, " (deleted)"); p == "/dev/kfd" || strings.HasPrefix(p, "/dev/dri/") {
 		return ""
 	}
 	if strings.HasPrefix(strings.TrimSuffix(path, " (deleted)"), "/dev/nvidia") ||

@@ -207,6 +207,9 @@ func TestDeviceKind(t *testing.T) {
 		{"/run/gpu/uvm (deleted)", unix.S_IFCHR, unix.Mkdev(511, 0), "nvidia"},
 		{"/dev/nvidia-uvm (deleted)", unix.S_IFCHR, unix.Mkdev(511, 0), "nvidia"},
 		{"/dev/mem", unix.S_IFCHR, unix.Mkdev(1, 1), "device"},
+		// CRIU's amdgpu plugin handles these where it is installed.
+		{"/dev/dri/renderD128", unix.S_IFCHR, unix.Mkdev(226, 128), ""},
+		{"/dev/kfd", unix.S_IFCHR, unix.Mkdev(235, 0), ""},
 		{"/dev/vda", unix.S_IFBLK, unix.Mkdev(254, 0), "device"},
 	} {
 		if got := deviceKind(c.path, c.mode|0o600, c.rdev, names); got != c.want {
