@@ -846,15 +846,17 @@ func TestRestoreFailsOnWrongMemory(t *testing.T) {
 // TestDataLoaderScript runs scripts/gpu-dataloader.sh on the CPU, with few
 // steps: a PyTorch training loop fed by a DataLoader with persistent
 // workers (spawn and fork; the GPU machine runs all three start methods on
-// the GPU), checkpointed mid-way with a plain `stasis checkpoint` and
-// restored, must write the same loss at every step as a run without a
-// break.
+// the GPU), checkpointed a third of the way with a plain `stasis
+// checkpoint` and restored, must write the same loss at every step as a
+// run without a break. 90 steps of 50 ms and more leave the checkpoint
+// seconds to freeze the job before it ends, even on a loaded machine (a
+// tree caught ending fails its dump or restore, as it should).
 func TestDataLoaderScript(t *testing.T) {
 	requireCRIU(t)
 	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
 		t.Skip("Debian's PyTorch (python3-torch, which make installs) is not in /usr/bin/python3")
 	}
-	cmd := exec.Command("../scripts/gpu-dataloader.sh", "-n", "30", "-m", "spawn fork", "-D", "cpu", "-d", t.TempDir())
+	cmd := exec.Command("../scripts/gpu-dataloader.sh", "-n", "90", "-m", "spawn fork", "-D", "cpu", "-d", t.TempDir())
 	cmd.Env = append(os.Environ(), "PATH=/usr/bin:"+os.Getenv("PATH"), "STASIS_CRIU="+os.Getenv("STASIS_CRIU"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -74,6 +74,7 @@ for method in $methods; do
 		# Refused: nothing may have been touched.
 		if [[ " $may_refuse " != *" $method "* ]]; then
 			fail "$method" "checkpoint refused (exit $rc): $out"
+			tail -n 25 "$(ls -t "$STASIS_HOME"/logs/*-dump.log 2>/dev/null | head -1)" 2>/dev/null | sed 's/^/   | /'
 			kill -9 -- -"$pid" 2>/dev/null
 			continue
 		fi
