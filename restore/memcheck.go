@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 
 	"github.com/stasis-ckpt/stasis/criu"
+	"golang.org/x/sys/unix"
 )
 
 // A filled restore checks, before the tree runs, that its memory is what
@@ -26,7 +27,7 @@ import (
 // bytes come from the store (verified there against their chunk's
 // checksum) on their way to the tree or to CRIU; the check then reads the
 // restored processes' memory (/proc/PID/mem, which reads inaccessible
-// mappings too) and compares. A page that differs, or that never came
+// mappings too; process_vm_readv first, which copies once) and compares. A page that differs, or that never came
 // from the store, fails the restore, and CRIU undoes it.
 
 // ErrMemoryMismatch is returned when the restored memory is not what was
@@ -382,7 +383,7 @@ func checkRun(r pageRun, f *os.File, d *pageDigests, buf []byte) error {
 		return fmt.Errorf("%w: %s: %s holds no such page", ErrMemoryMismatch, where(0), r.image)
 	}
 	b := buf[:r.n*criu.PageSize]
-	n, err := f.ReadAt(b, int64(r.addr))
+	n, err := readRun(r, f, b)
 	if r.fd >= 0 && errors.Is(err, io.EOF) {
 		// A memfd's last page, past its end: zeros in the image.
 		clear(b[n:])
@@ -400,4 +401,26 @@ func checkRun(r pageRun, f *os.File, d *pageDigests, buf []byte) error {
 		}
 	}
 	return nil
+}
+
+// readRun reads the bytes of run r into b: process memory with
+// process_vm_readv (one copy), and what that cannot read (an inaccessible
+// mapping) through /proc/PID/mem, which can; a memfd through its
+// descriptor.
+func readRun(r pageRun, f *os.File, b []byte) (int, error) {
+	var n int
+	if r.fd < 0 {
+		local := []unix.Iovec{{Base: &b[0]}}
+		local[0].SetLen(len(b))
+		m, err := unix.ProcessVMReadv(r.host, local, []unix.RemoteIovec{{Base: uintptr(r.addr), Len: len(b)}}, 0)
+		if err == nil {
+			n = m
+		}
+		if n == len(b) {
+			return n, nil
+		}
+		n -= n % criu.PageSize
+	}
+	m, err := f.ReadAt(b[n:], int64(r.addr)+int64(n))
+	return n + m, err
 }
