@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -26,6 +27,10 @@ type Checkpoint struct {
 	method  gdswriter.Method // "" for the store's
 	io      string           // "" for the store's
 	used    bool
+	// part, when set, makes this checkpoint one rank's part of a job
+	// checkpoint (SetPart).
+	part        *catalog.PartInfo
+	partTimeout time.Duration
 }
 
 // maxState bounds the state description: it lives in the manifest, which
@@ -114,8 +119,12 @@ func (c *Checkpoint) options(meta tensors.Meta) tensors.SaveOptions {
 	if io == "" {
 		io = c.store.io
 	}
+	tags := maps.Clone(c.tags)
+	if c.part != nil {
+		tags = c.part.Tags(tags)
+	}
 	return tensors.SaveOptions{
-		Job: c.job, Step: c.step, Tags: maps.Clone(c.tags), Meta: meta, IO: io,
+		Job: c.job, Step: c.step, Tags: tags, Meta: meta, IO: io,
 		Writer: gdswriter.WriterOptions{Method: method, Workers: c.store.workers},
 	}
 }
@@ -131,7 +140,44 @@ func (c *Checkpoint) check() error {
 	if err := catalog.ValidateJob(c.job); err != nil {
 		return err
 	}
+	for k := range c.tags {
+		if strings.HasPrefix(k, "stasis.") {
+			return fmt.Errorf("%w: tag %q: the stasis. prefix is reserved", catalog.ErrInvalid, k)
+		}
+	}
 	return catalog.ValidateTags(c.tags)
+}
+
+// SetPart makes the checkpoint rank's part of the job checkpoint of its
+// job and step in attempt, in a world of worldSize ranks: each rank's
+// process saves its own part, and rank 0 (the coordinator), once its part
+// is committed, waits up to timeout for every other rank's and commits
+// the job checkpoint; its Commit (or Save) returns the job checkpoint's
+// record, the other ranks' that of their part. Nothing is listed until
+// the job checkpoint is complete (docs/format.md).
+func (c *Checkpoint) SetPart(rank, worldSize int, attempt string, timeout time.Duration) error {
+	p := catalog.PartInfo{Attempt: attempt, Rank: rank, WorldSize: worldSize}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	if timeout <= 0 {
+		timeout = DefaultPartTimeout
+	}
+	c.part, c.partTimeout = &p, timeout
+	return nil
+}
+
+// DefaultPartTimeout is how long the coordinator of a job checkpoint
+// waits for the other ranks' parts by default.
+const DefaultPartTimeout = 10 * time.Minute
+
+// finish completes a committed checkpoint: for the coordinator of a job
+// checkpoint, the job checkpoint.
+func (c *Checkpoint) finish(ctx context.Context, rec *catalog.Record) (*catalog.Record, error) {
+	if c.part == nil || c.part.Rank != 0 {
+		return rec, nil
+	}
+	return c.store.cat.CommitJob(ctx, c.job, c.step, *c.part, c.partTimeout)
 }
 
 // Commit writes the checkpoint and returns once it is durable and listed.
@@ -149,6 +195,9 @@ func (c *Checkpoint) Commit(ctx context.Context) (Record, error) {
 	defer s.saveMu.Unlock()
 	c.used = true
 	rec, err := tensors.Save(ctx, s.cat, c.tensors, c.options(tensors.Meta{}))
+	if err == nil {
+		rec, err = c.finish(ctx, rec)
+	}
 	if err != nil {
 		return Record{}, err
 	}
@@ -255,6 +304,9 @@ func (c *Checkpoint) CommitAsync(ctx context.Context, o AsyncOptions) (*Save, er
 		defer close(v.ch)
 		defer v.done.Store(true)
 		rec, err := tensors.Save(ctx, s.cat, views, opts)
+		if err == nil {
+			rec, err = c.finish(ctx, rec)
+		}
 		if err != nil {
 			v.err = err
 			return

@@ -159,6 +159,47 @@ func (s *Store) Find(job string, step int64) (Record, error) {
 	return Record{}, fmt.Errorf("%w: job %q has no complete tensors checkpoint at step %d", catalog.ErrNotFound, job, step)
 }
 
+// FindForRank returns what rank of a job of worldSize ranks loads of job
+// at step (its latest when step < 0): its part of a job checkpoint, or a
+// tensors checkpoint one process saved (which every rank loads whole).
+// worldSize 0 takes the job checkpoint's; another than it is refused, as
+// is rank < 0 for a job checkpoint.
+func (s *Store) FindForRank(job string, step int64, rank, worldSize int) (Record, error) {
+	if err := catalog.ValidateJob(job); err != nil {
+		return Record{}, err
+	}
+	recs, err := s.cat.List(catalog.Filter{Job: job})
+	if err != nil {
+		return Record{}, err
+	}
+	for i := len(recs) - 1; i >= 0; i-- {
+		r := recs[i]
+		if step >= 0 && r.Step != step {
+			continue
+		}
+		switch r.Kind {
+		case catalog.KindTensors:
+			return r, nil
+		case catalog.KindJob:
+			if rank < 0 {
+				return Record{}, fmt.Errorf("%w: checkpoint %s of job %q step %d is a job checkpoint of several ranks: load a rank's part (rank=, or $RANK)", catalog.ErrInvalid, r.ID, job, r.Step)
+			}
+			id, jm, err := s.cat.Part(r.ID, rank)
+			if err == nil && worldSize > 0 && worldSize != jm.WorldSize {
+				err = fmt.Errorf("%w: job checkpoint %s was saved by %d ranks, this job has %d: load it with the same world size, or through a resharding loader (DCP)", ErrMismatch, r.ID, jm.WorldSize, worldSize)
+			}
+			if err != nil {
+				return Record{}, err
+			}
+			return s.cat.Resolve(id)
+		}
+	}
+	if step < 0 {
+		return Record{}, fmt.Errorf("%w: job %q has no complete tensors or job checkpoint", catalog.ErrNotFound, job)
+	}
+	return Record{}, fmt.Errorf("%w: job %q has no complete tensors or job checkpoint at step %d", catalog.ErrNotFound, job, step)
+}
+
 // Info describes a tensors checkpoint: its record, its tensors (without
 // buffers), and what the saver recorded about its state.
 type Info struct {

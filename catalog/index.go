@@ -39,10 +39,14 @@ type Record struct {
 }
 
 func recordOf(m *Manifest) Record {
-	return Record{
+	r := Record{
 		ID: m.ID, Kind: m.Kind, Job: m.Job, Step: m.Step, Created: m.Created, Host: m.Host,
 		Bytes: m.Bytes, StoredBytes: m.StoredBytes, Status: StatusComplete, Tags: m.Tags,
 	}
+	if m.Kind == KindJob {
+		r.Bytes, r.StoredBytes = jobTotals(m) // its parts'
+	}
+	return r
 }
 
 var (
@@ -155,6 +159,9 @@ func getRecordTx(tx *bolt.Tx, id string) (Record, bool, error) {
 type Filter struct {
 	Job        string // "" for every job
 	IncludeAll bool   // also list records whose removal is in progress
+	// Parts also lists the parts of job checkpoints (job.go), which are
+	// otherwise left out: they are listed through their job checkpoint.
+	Parts bool
 }
 
 // List returns the checkpoints of the index, ordered by job, step and
@@ -171,6 +178,9 @@ func (s *Store) List(f Filter) ([]Record, error) {
 			r, ok, err := getRecordTx(tx, string(v))
 			if err != nil {
 				return err
+			}
+			if _, part := PartOf(r.Tags); part && r.Kind == KindTensors && !f.Parts {
+				continue
 			}
 			if ok && (f.IncludeAll || r.Status == StatusComplete) {
 				out = append(out, r)

@@ -15,7 +15,7 @@ import (
 // then its directory moves to trash/ (one rename, so no half-deleted
 // checkpoint is ever under checkpoints/), then the files go, then the
 // record. gc finishes a removal that a crash interrupted.
-func (s *Store) Remove(id string) error {
+func (s *Store) removeOne(id string) error {
 	var rec Record
 	err := s.update(func(tx *bolt.Tx) error {
 		r, ok, err := getRecordTx(tx, id)
@@ -83,6 +83,7 @@ type GCReport struct {
 	Indexed        []string `json:"indexed"`         // complete checkpoints missing from the index, added
 	Lost           []string `json:"lost"`            // index records without a checkpoint directory, dropped
 	Damaged        []string `json:"damaged"`         // checkpoint directories with an unreadable manifest, left alone
+	PartsRemoved   []string `json:"parts_removed"`   // parts of job checkpoints never completed (job.go)
 	BytesReclaimed int64    `json:"bytes_reclaimed"`
 }
 
@@ -134,7 +135,7 @@ func (s *Store) GC() (GCReport, error) {
 	}
 
 	// Interrupted removals, and records that lost their directory.
-	recs, err := s.List(Filter{IncludeAll: true})
+	recs, err := s.List(Filter{IncludeAll: true, Parts: true})
 	if err != nil {
 		return rep, err
 	}
@@ -218,7 +219,7 @@ func (s *Store) GC() (GCReport, error) {
 		}
 		unlock()
 	}
-	return rep, nil
+	return rep, s.gcParts(&rep)
 }
 
 // tryStagingLock takes staging/<id>.lock without waiting. held is true

@@ -36,7 +36,7 @@ const (
 )
 
 func (k Kind) valid() bool {
-	return k == KindFiles || k == KindTensors || k == KindProcess
+	return k == KindFiles || k == KindTensors || k == KindProcess || k == KindJob
 }
 
 // Entry types.
@@ -174,6 +174,11 @@ func (m *Manifest) Validate() error {
 	}
 	if len(m.Meta) > 0 && (!json.Valid(m.Meta) || bytes.TrimSpace(m.Meta)[0] != '{') {
 		return bad("meta is not a JSON object")
+	}
+	if m.Kind == KindJob {
+		if err := validateJobManifest(m); err != nil {
+			return err
+		}
 	}
 	var raw, stored int64
 	names := make(map[string]bool, len(m.Files))
