@@ -28,6 +28,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/stasis-ckpt/stasis"
@@ -92,6 +93,8 @@ func errCode(err error) C.int {
 		return C.STASIS_OK
 	case errors.Is(err, stasis.ErrSaveInFlight):
 		return C.STASIS_EINFLIGHT
+	case errors.Is(err, catalog.ErrIncomplete):
+		return C.STASIS_EINCOMPLETE
 	case errors.Is(err, stasis.ErrMismatch):
 		return C.STASIS_EMISMATCH
 	case errors.Is(err, catalog.ErrInvalid):
@@ -358,6 +361,28 @@ func stasis_save_times(h C.stasis_save, waited, snapshot *C.double, e *C.stasis_
 //export stasis_save_release
 func stasis_save_release(h C.stasis_save) {
 	take[*stasis.Save](C.uint64_t(h), "save")
+}
+
+//export stasis_set_part
+func stasis_set_part(h C.stasis_checkpoint, rank, world C.int32_t, attempt *C.char, timeoutMS C.int64_t, e *C.stasis_error) C.int {
+	c, err := lookup[*stasis.Checkpoint](C.uint64_t(h), "checkpoint")
+	if err != nil {
+		return fail(e, err)
+	}
+	return fail(e, c.SetPart(int(rank), int(world), goString(attempt), time.Duration(timeoutMS)*time.Millisecond))
+}
+
+//export stasis_find_for_rank
+func stasis_find_for_rank(h C.stasis_store, job *C.char, step C.int64_t, rank, world C.int32_t, record **C.char, e *C.stasis_error) C.int {
+	s, err := lookup[*stasis.Store](C.uint64_t(h), "store")
+	if err != nil {
+		return fail(e, err)
+	}
+	rec, err := s.FindForRank(goString(job), int64(step), int(rank), int(world))
+	if err == nil {
+		err = putJSON(record, rec)
+	}
+	return fail(e, err)
 }
 
 //export stasis_find

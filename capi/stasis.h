@@ -49,6 +49,7 @@ typedef enum {
 	STASIS_EUNAVAILABLE = 8, /* GPU buffers given, but no usable CUDA driver; or cuFile asked for where it cannot work */
 	STASIS_EMISMATCH = 12,   /* buffers do not match their description or the checkpoint */
 	STASIS_EINFLIGHT = 13,   /* STASIS_FAIL_IF_BUSY and a save is in flight */
+	STASIS_EINCOMPLETE = 17, /* a job checkpoint's ranks did not all commit their part in time; nothing was listed */
 	STASIS_ECANCELED = 130   /* the save was cancelled */
 } stasis_code;
 
@@ -119,6 +120,13 @@ int stasis_set_compress(stasis_checkpoint c, const char *method, stasis_error *e
 int stasis_set_io(stasis_checkpoint c, const char *io, stasis_error *err);
 /* Records a JSON value describing the state (returned by stasis_describe). */
 int stasis_set_state(stasis_checkpoint c, const char *json, stasis_error *err);
+/* Makes c rank's part of the job checkpoint of its job and step in attempt
+ * (1 to 64 of A-Z a-z 0-9 . _ -; the same for every rank of one run), in
+ * a world of world_size ranks. Rank 0's commit, once its part is durable,
+ * waits up to timeout_ms (0: ten minutes) for every rank's part, then
+ * commits the job checkpoint and returns its record; a rank that never
+ * arrives fails it with STASIS_EINCOMPLETE, and nothing is listed. */
+int stasis_set_part(stasis_checkpoint c, int32_t rank, int32_t world_size, const char *attempt, int64_t timeout_ms, stasis_error *err);
 /* Commits c, which is released whatever the outcome. Blocking (flags 0):
  * returns once the checkpoint is durable and listed, with its record in
  * *record_json (may be NULL). STASIS_ASYNC: returns once every buffer is
@@ -141,6 +149,12 @@ void stasis_save_release(stasis_save v);
 /* The record of job's tensors checkpoint at step (step < 0: the latest);
  * job must be named. */
 int stasis_find(stasis_store s, const char *job, int64_t step, char **record_json, stasis_error *err);
+/* What rank (of world_size ranks; 0: the checkpoint's) loads of job at
+ * step (step < 0: the latest): the record of its part of a job
+ * checkpoint, or of a tensors checkpoint one process saved. A job
+ * checkpoint of another world size is STASIS_EMISMATCH; rank < 0 for a job
+ * checkpoint STASIS_EINVAL. */
+int stasis_find_for_rank(stasis_store s, const char *job, int64_t step, int32_t rank, int32_t world_size, char **record_json, stasis_error *err);
 /* The records of job's checkpoints ("" or NULL: every job) as a JSON array. */
 int stasis_list(stasis_store s, const char *job, char **records_json, stasis_error *err);
 /* The checkpoint whose ID starts with id: record, tensors (name, dtype,

@@ -82,6 +82,9 @@ func (s *Store) Export(ctx context.Context, id string, w io.Writer, o TransferOp
 	if err != nil {
 		return nil, err
 	}
+	if m.Kind == KindJob {
+		return nil, fmt.Errorf("%w: %s is a job checkpoint of several ranks; exporting one is not supported yet (export each rank's part: `stasis show %s` names them)", ErrInvalid, id, id)
+	}
 	if o.Manifest != nil {
 		o.Manifest(m)
 	}

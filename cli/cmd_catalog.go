@@ -39,7 +39,11 @@ func (e *env) lsCommand() *ucli.Command {
 			tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tJOB\tSTEP\tKIND\tCREATED\tSIZE\tSTORED\tSTATUS")
 			for _, r := range recs {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.ID[:8], r.Job, r.Step, r.Kind,
+				kind := string(r.Kind)
+				if r.Kind == catalog.KindJob {
+					kind += " (" + r.Tags[catalog.TagWorldSize] + " ranks)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.ID[:8], r.Job, r.Step, kind,
 					r.Created.Local().Format(time.DateTime), humanBytes(r.Bytes), humanBytes(r.StoredBytes), r.Status)
 			}
 			return tw.Flush()
@@ -107,6 +111,16 @@ func (e *env) showCommand() *ucli.Command {
 			fmt.Fprintf(tw, "chunks:\t%v\n", out.Codecs)
 			for k, v := range rec.Tags {
 				fmt.Fprintf(tw, "tag:\t%s=%s\n", k, v)
+			}
+			if rec.Kind == catalog.KindJob {
+				jm, err := catalog.ReadJobMeta(m)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(tw, "attempt:\t%s\n", jm.Attempt)
+				for _, p := range jm.Parts {
+					fmt.Fprintf(tw, "rank %d:\t%s on %s, %s stored as %s\n", p.Rank, p.ID, p.Host, humanBytes(p.Bytes), humanBytes(p.StoredBytes))
+				}
 			}
 			fmt.Fprintf(tw, "dir:\t%s\n", out.Dir)
 			return tw.Flush()

@@ -97,14 +97,37 @@ func (e *env) verifyCommand() *ucli.Command {
 			}
 			bar := newProgress(e.progress, e.stderr, "verify", rec.Bytes)
 			start := time.Now()
-			m, err := s.Verify(c.Context, rec.ID, catalog.ReadOptions{Progress: bar.Add})
+			ids := []string{rec.ID}
+			if rec.Kind == catalog.KindJob {
+				// Every rank's part, each as the job checkpoint names it.
+				_, jm, err := s.JobParts(rec.ID)
+				if err != nil {
+					return err
+				}
+				ids = ids[:0]
+				for _, p := range jm.Parts {
+					ids = append(ids, p.ID)
+				}
+			}
+			var m *catalog.Manifest
+			files, chunks, stored := 0, 0, int64(0)
+			for _, id := range ids {
+				if m, err = s.Verify(c.Context, id, catalog.ReadOptions{Progress: bar.Add}); err != nil {
+					break
+				}
+				files += len(m.Files)
+				stored += m.StoredBytes
+				for _, f := range m.Files {
+					chunks += len(f.Chunks)
+				}
+			}
 			bar.Finish()
 			if err != nil {
 				return err
 			}
-			chunks := 0
-			for _, f := range m.Files {
-				chunks += len(f.Chunks)
+			if rec.Kind == catalog.KindJob {
+				fmt.Fprintf(e.stdout, "%s: ok (%d ranks, %d files, %d chunks, %s checked in %s)\n", rec.ID, len(ids), files, chunks, humanBytes(stored), time.Since(start).Round(time.Millisecond))
+				return nil
 			}
 			fmt.Fprintf(e.stdout, "%s: ok (%d files, %d chunks, %s checked in %s)\n", m.ID, len(m.Files), chunks, humanBytes(m.StoredBytes), time.Since(start).Round(time.Millisecond))
 			return nil

@@ -34,6 +34,7 @@ const (
 	ExitBadStream   = 13  // an import stream is not a stasis export, is truncated, or holds what an export may not; nothing was imported
 	ExitExists      = 14  // the checkpoint to import is already in the store; nothing was changed
 	ExitMemory      = 15  // the restored tree's memory was not what was checkpointed; CRIU undid the restore, nothing of it runs
+	ExitIncomplete  = 17  // a job checkpoint's ranks did not all commit their part in time; nothing was listed
 	ExitRefused     = 16  // the checkpoint's preflight refused the tree (it holds what CRIU cannot dump); nothing was touched, the job runs on
 	ExitInterrupted = 130 // stopped by SIGINT or SIGTERM; the partial checkpoint was removed
 
@@ -99,6 +100,8 @@ func exitCode(err error) int {
 		return ExitMismatch
 	case errors.Is(err, criu.ErrNotInstalled), errors.Is(err, criu.ErrTooOld), errors.Is(err, cuda.ErrUnavailable):
 		return ExitMissingTool
+	case errors.Is(err, catalog.ErrIncomplete):
+		return ExitIncomplete
 	case errors.Is(err, restore.ErrMemoryMismatch):
 		return ExitMemory
 	case errors.Is(err, restore.ErrPIDInUse):

@@ -25,8 +25,8 @@ from ._api import SaveHandle, latest, load, prepare, save
 from ._api import checkpoints as list
 from ._run import on_preempt, preempted, preemption, resume_id, resume_step
 from ._lib import (CheckpointNotFound, CorruptCheckpoint, InvalidArgument, LibraryError, Mismatch,
-                   SaveInFlight, StasisError, library_path)
+                   SaveInFlight, StasisError, JobIncomplete, library_path)
 
 __all__ = ["save", "prepare", "load", "latest", "list", "SaveHandle", "StasisError", "InvalidArgument",
-           "CheckpointNotFound", "CorruptCheckpoint", "Mismatch", "SaveInFlight", "LibraryError",
+           "CheckpointNotFound", "CorruptCheckpoint", "Mismatch", "SaveInFlight", "JobIncomplete", "LibraryError",
            "library_path", "preempted", "preemption", "on_preempt", "resume_id", "resume_step"]

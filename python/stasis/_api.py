@@ -156,7 +156,56 @@ def prepare(state, home=None):
     del keep
 
 
-def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compress=None, io=None):
+def _world(rank, world_size):
+    """(rank, world size) of this process: as given, else torch.distributed's
+    when it is initialized, else $RANK and $WORLD_SIZE (torchrun), else
+    $SLURM_PROCID and $SLURM_NTASKS (srun); (None, None) for one process."""
+    if rank is not None or world_size is not None:
+        if rank is None or world_size is None:
+            raise TypeError("give rank= and world_size= together")
+        return int(rank), int(world_size)
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    for r, w in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
+        if os.environ.get(r) and os.environ.get(w):
+            return int(os.environ[r]), int(os.environ[w])
+    return None, None
+
+
+_attempt_cache = []
+
+
+def _attempt(attempt):
+    """The key every rank of this run of the job shares, so that two runs
+    reaching the same step never mix their parts: as given, else
+    $STASIS_ATTEMPT, else one rank 0 draws and broadcasts through
+    torch.distributed (once per process), else the scheduler's job and
+    restart count (SLURM, torchrun), else "0"."""
+    if attempt is not None:
+        return str(attempt)
+    if os.environ.get("STASIS_ATTEMPT"):
+        return os.environ["STASIS_ATTEMPT"]
+    if _attempt_cache:
+        return _attempt_cache[0]
+    dist = sys.modules.get("torch.distributed")
+    key = None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        import uuid
+        box = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        key = box[0]
+    elif os.environ.get("SLURM_JOB_ID"):
+        key = f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    elif os.environ.get("TORCHELASTIC_RUN_ID"):
+        key = f"{os.environ['TORCHELASTIC_RUN_ID']}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    key = key or "0"
+    _attempt_cache.append(key)
+    return key
+
+
+def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compress=None, io=None,
+         rank=None, world_size=None, attempt=None, part_timeout=None):
     """Saves state (nested dicts, lists and tuples of torch tensors (CUDA or
     CPU), NumPy arrays, None, bool, int, float and str) as checkpoint `step`
     of `job`.
@@ -171,8 +220,18 @@ def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compres
     "auto", "cufile" or "pinned" (None: $STASIS_IO, else auto); an
     asynchronous save writes its host snapshot through stasis's own
     pipeline whatever the path.
+
+    In a job of several ranks (rank= and world_size=, else taken from
+    torch.distributed, $RANK/$WORLD_SIZE or $SLURM_PROCID/$SLURM_NTASKS),
+    each rank saves its own part and the checkpoint is one job checkpoint
+    of every rank's part, listed only once all are durable: rank 0, after
+    its own part, waits up to part_timeout seconds (default 600) for the
+    others' and commits it (its handle's record is the job checkpoint's;
+    a missing rank raises JobIncomplete). attempt: the key the ranks of
+    this run share (see _attempt).
     """
     job_name, step = _lib.encode_job(job), _lib.check_step(step)
+    rank, world_size = _world(rank, world_size)
     tree, leaves = _state.flatten(state)
     s = _lib.store(home)
     _reap()
@@ -184,6 +243,9 @@ def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compres
             _lib.call(lib.stasis_set_compress, ck.value, compress.encode("utf-8"))
         if io is not None:
             _lib.call(lib.stasis_set_io, ck.value, io.encode("utf-8"))
+        if world_size is not None and world_size > 1:
+            timeout_ms = 0 if part_timeout is None else max(1, int(part_timeout * 1000))
+            _lib.call(lib.stasis_set_part, ck.value, rank, world_size, _attempt(attempt).encode("utf-8"), timeout_ms)
         items = _items(leaves)
         arr, keep = _ctypes_tensors(items)
         if items:
@@ -204,7 +266,7 @@ def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compres
     return SaveHandle(handle=h.value, job=job, step=step)
 
 
-def _find(s, job, step, id):
+def _find(s, job, step, id, rank=None, world_size=None):
     lib = _lib.lib()
     if id is not None:
         if not isinstance(id, str) or not id or "\0" in id:
@@ -212,7 +274,9 @@ def _find(s, job, step, id):
         return _lib.call_json(lib.stasis_describe, s.handle, id.encode("utf-8"))
     if job is None:
         raise TypeError("load needs job= or id=")
-    rec = _lib.call_json(lib.stasis_find, s.handle, _lib.encode_job(job), -1 if step is None else _lib.check_step(step))
+    rank, world_size = _world(rank, world_size)
+    rec = _lib.call_json(lib.stasis_find_for_rank, s.handle, _lib.encode_job(job), -1 if step is None else _lib.check_step(step),
+                         -1 if rank is None else rank, 0 if world_size is None else world_size)
     return _lib.call_json(lib.stasis_describe, s.handle, rec["id"].encode("utf-8"))
 
 
@@ -273,7 +337,7 @@ def _writable_view(obj, path):
     return obj.copy(order="C"), True
 
 
-def load(job=None, step=None, id=None, device=None, into=None, home=None, io=None):
+def load(job=None, step=None, id=None, device=None, into=None, home=None, io=None, rank=None, world_size=None):
     """Loads a checkpoint: job's latest (or its `step`), or the one whose
     ID starts with `id`. Returns the state as it was saved.
 
@@ -286,9 +350,12 @@ def load(job=None, step=None, id=None, device=None, into=None, home=None, io=Non
     io: the I/O path of CUDA tensors, "auto", "cufile" (raw chunks read
     straight into them by cuFile and verified on the GPU) or "pinned"
     (None: $STASIS_IO, else auto).
+    rank, world_size: in a job of several ranks (else taken as save takes
+    them), job= loads this rank's part of the latest job checkpoint, which
+    must be of the same world size.
     """
     s = _lib.store(home)
-    info = _find(s, job, step, id)
+    info = _find(s, job, step, id, rank, world_size)
     tree = (info.get("state") or {}).get("tree")
     if tree is None:
         raise _lib.InvalidArgument(2, f"checkpoint {info['id']} was not saved by the Python package "

@@ -40,12 +40,17 @@ class SaveInFlight(StasisError):
     """A save is still in flight and the call was asked not to wait."""
 
 
+class JobIncomplete(StasisError):
+    """A job checkpoint's ranks did not all save their part in time;
+    nothing was listed."""
+
+
 class LibraryError(ImportError):
     """libstasis.so is missing or of another ABI version."""
 
 
 _ERRORS = {2: InvalidArgument, 3: CheckpointNotFound, 4: InvalidArgument,
-           5: CorruptCheckpoint, 12: Mismatch, 13: SaveInFlight}
+           5: CorruptCheckpoint, 12: Mismatch, 13: SaveInFlight, 17: JobIncomplete}
 
 
 class Error(ctypes.Structure):
@@ -114,6 +119,8 @@ def _declare(lib):
         "stasis_save_times": ([u64, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_double), err], i32),
         "stasis_save_release": ([u64], None),
         "stasis_find": ([u64, p, i64, out_json, err], i32),
+        "stasis_set_part": ([u64, i32, i32, p, i64, err], i32),
+        "stasis_find_for_rank": ([u64, p, i64, i32, i32, out_json, err], i32),
         "stasis_list": ([u64, p, out_json, err], i32),
         "stasis_describe": ([u64, p, out_json, err], i32),
         "stasis_load": ([u64, p, tens, ctypes.c_size_t, err], i32),
