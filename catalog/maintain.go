@@ -40,8 +40,15 @@ func (s *Store) Remove(id string) error {
 	return s.update(func(tx *bolt.Tx) error { return deleteRecordTx(tx, rec) })
 }
 
-// discard moves a checkpoint directory to trash/ and deletes it there.
+// discard moves a checkpoint directory to trash/ and deletes it there,
+// following no link (removeIn).
 func (s *Store) discard(id string) error {
+	if _, err := uuid.Parse(id); err != nil {
+		return fmt.Errorf("%w: %q is not a checkpoint ID", ErrNotFound, id)
+	}
+	if err := s.checkStructure(checkpointsDir, trashDir); err != nil {
+		return err
+	}
 	trash := s.path(trashDir, id)
 	if err := os.Rename(s.CheckpointDir(id), trash); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove checkpoint %s: %w", id, err)
@@ -49,7 +56,7 @@ func (s *Store) discard(id string) error {
 	if err := syncDir(s.path(checkpointsDir)); err != nil {
 		return err
 	}
-	return os.RemoveAll(trash)
+	return s.removeIn(trashDir, id)
 }
 
 // Prune removes all but the keep newest complete checkpoints of job (by
@@ -78,7 +85,8 @@ type GCReport struct {
 	StagingRemoved []string `json:"staging_removed"` // abandoned partial checkpoints removed
 	StagingBusy    []string `json:"staging_busy"`    // partial checkpoints still being written
 	TrashRemoved   []string `json:"trash_removed"`   // leftovers of interrupted removals
-	ScratchRemoved []string `json:"scratch_removed"` // scratch directories of killed processes
+	ScratchRemoved []string `json:"scratch_removed"` // this store's scratch directories of killed processes
+	OutsideRemoved []string `json:"outside_removed"` // directories killed loads left beside their target
 	RemovalsDone   []string `json:"removals_done"`   // interrupted removals finished
 	Indexed        []string `json:"indexed"`         // complete checkpoints missing from the index, added
 	Lost           []string `json:"lost"`            // index records without a checkpoint directory, dropped
@@ -91,7 +99,7 @@ type GCReport struct {
 // disk. A staging directory whose writer still holds its lock is left alone.
 func (s *Store) GC() (GCReport, error) {
 	var rep GCReport
-	staged, err := os.ReadDir(s.path(stagingDir))
+	staged, err := readStructureDir(s, stagingDir)
 	if err != nil {
 		return rep, err
 	}
@@ -109,8 +117,8 @@ func (s *Store) GC() (GCReport, error) {
 			rep.StagingBusy = append(rep.StagingBusy, name)
 			continue
 		}
-		rep.BytesReclaimed += diskUsage(dir)
-		rmErr := os.RemoveAll(dir)
+		rep.BytesReclaimed += s.usageIn(stagingDir, name)
+		rmErr := s.removeIn(stagingDir, name)
 		os.Remove(dir + lockSuffix)
 		lock.Close()
 		if rmErr != nil {
@@ -160,26 +168,29 @@ func (s *Store) GC() (GCReport, error) {
 		}
 	}
 
-	trash, err := os.ReadDir(s.path(trashDir))
+	trash, err := readStructureDir(s, trashDir)
 	if err != nil {
 		return rep, err
 	}
 	for _, e := range trash {
-		dir := s.path(trashDir, e.Name())
-		rep.BytesReclaimed += diskUsage(dir)
-		if err := os.RemoveAll(dir); err != nil {
+		rep.BytesReclaimed += s.usageIn(trashDir, e.Name())
+		if err := s.removeIn(trashDir, e.Name()); err != nil {
 			return rep, err
 		}
 		rep.TrashRemoved = append(rep.TrashRemoved, e.Name())
 	}
 
-	for _, base := range append([]string{s.path(scratchDir)}, ramBases()...) {
-		removed, n, err := gcScratch(base)
-		rep.ScratchRemoved = append(rep.ScratchRemoved, removed...)
-		rep.BytesReclaimed += n
-		if err != nil {
-			return rep, err
-		}
+	removed, n, err := s.gcScratch()
+	rep.ScratchRemoved = append(rep.ScratchRemoved, removed...)
+	rep.BytesReclaimed += n
+	if err != nil {
+		return rep, err
+	}
+	removed, n, err = s.gcOutside()
+	rep.OutsideRemoved = append(rep.OutsideRemoved, removed...)
+	rep.BytesReclaimed += n
+	if err != nil {
+		return rep, err
 	}
 
 	// Complete checkpoints the index does not know: a crash between the

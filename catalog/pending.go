@@ -99,7 +99,7 @@ func (s *Store) BeginImport(manifest []byte) (*Pending, error) {
 	}
 	// A staging directory nobody holds is a dead writer's: gc would
 	// remove it, and so may we, holding its lock.
-	if err := os.RemoveAll(dir); err == nil {
+	if err := s.removeIn(stagingDir, m.ID); err == nil {
 		err = os.Mkdir(dir, 0o700)
 	}
 	if err != nil {
@@ -156,7 +156,7 @@ func (p *Pending) Commit() (_ *Record, err error) {
 	}
 	defer func() {
 		if err != nil {
-			os.RemoveAll(p.dir)
+			p.store.removeIn(stagingDir, filepath.Base(p.dir))
 		}
 		p.release()
 	}()
@@ -245,7 +245,7 @@ func (p *Pending) unlist(cause error) error {
 			return fmt.Errorf("checkpoint %s written but not listed, and not removed either (run `stasis gc`): %w", id, cause)
 		}
 	default:
-		os.RemoveAll(trash)
+		p.store.removeIn(trashDir, id)
 	}
 	return fmt.Errorf("checkpoint %s written but not listed, so removed again: %w", id, cause)
 }
@@ -255,7 +255,7 @@ func (p *Pending) Abort() {
 	if p.done {
 		return
 	}
-	os.RemoveAll(p.dir)
+	p.store.removeIn(stagingDir, filepath.Base(p.dir))
 	p.release()
 }
 

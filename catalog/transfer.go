@@ -95,6 +95,7 @@ func (s *Store) Export(ctx context.Context, id string, w io.Writer, o TransferOp
 	if _, err := tw.Write(manifest); err != nil {
 		return nil, err
 	}
+	crashPoint("export-manifest-written")
 	for _, f := range m.Files {
 		if err := tw.WriteHeader(header(f.Name, f.Size)); err != nil {
 			return nil, err
