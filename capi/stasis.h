@@ -50,6 +50,7 @@ typedef enum {
 	STASIS_EMISMATCH = 12,   /* buffers do not match their description or the checkpoint */
 	STASIS_EINFLIGHT = 13,   /* STASIS_FAIL_IF_BUSY and a save is in flight */
 	STASIS_EUNSAFE = 15,     /* the store is not its user's alone (owner, group/world write), or holds a link in its structure; as the CLI's exit 15 */
+	STASIS_EDAMAGED = 16,    /* the catalog was damaged: it was moved aside and rebuilt from the manifests; call again */
 	STASIS_ECANCELED = 130   /* the save was cancelled */
 } stasis_code;
 

@@ -232,6 +232,49 @@ func (s *Store) GC() (GCReport, error) {
 	return rep, nil
 }
 
+// Unindexed returns the IDs of the checkpoint directories that the index
+// does not list, leaving out those whose writer holds its staging lock
+// (it lists them itself in a moment). A crash between a commit's rename
+// and its listing leaves one (gc lists it); so may damage to the index
+// that bbolt did not notice. `stasis ls` names them, so that it never
+// leaves out a complete checkpoint without saying so.
+func (s *Store) Unindexed() ([]string, error) {
+	entries, err := readStructureDir(s, checkpointsDir)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := s.List(Filter{IncludeAll: true})
+	if err != nil {
+		return nil, err
+	}
+	listed := make(map[string]bool, len(recs))
+	for _, r := range recs {
+		listed[r.ID] = true
+	}
+	var out []string
+	for _, e := range entries {
+		if listed[e.Name()] {
+			continue
+		}
+		if _, err := uuid.Parse(e.Name()); err != nil {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(s.CheckpointDir(e.Name()), manifestName)); err != nil {
+			continue
+		}
+		unlock, held, err := s.tryStagingLock(e.Name())
+		if err != nil {
+			return nil, err
+		}
+		if held {
+			continue
+		}
+		unlock()
+		out = append(out, e.Name())
+	}
+	return out, nil
+}
+
 // tryStagingLock takes staging/<id>.lock without waiting. held is true
 // when a writer holds it; otherwise unlock removes the lock file and lets
 // go of it.
@@ -245,77 +288,6 @@ func (s *Store) tryStagingLock(id string) (unlock func(), held bool, err error) 
 		return nil, true, nil
 	}
 	return func() { os.Remove(path); lock.Close() }, false, nil
-}
-
-// RebuildReport says what Rebuild found.
-type RebuildReport struct {
-	Indexed int      `json:"indexed"`
-	Damaged []string `json:"damaged"` // directories whose manifest could not be read, not indexed
-}
-
-// Rebuild recreates the index from the manifests under checkpoints/, in one
-// transaction: readers see the old index or the new one.
-func (s *Store) Rebuild() (RebuildReport, error) {
-	var rep RebuildReport
-	entries, err := os.ReadDir(s.path(checkpointsDir))
-	if err != nil {
-		return rep, err
-	}
-	var recs []Record
-	var busy []string // being committed: their writers list them
-	for _, e := range entries {
-		if _, err := uuid.Parse(e.Name()); err != nil {
-			rep.Damaged = append(rep.Damaged, e.Name())
-			continue
-		}
-		unlock, held, err := s.tryStagingLock(e.Name())
-		if err != nil {
-			return rep, err
-		}
-		if held {
-			busy = append(busy, e.Name())
-			continue
-		}
-		m, err := s.ReadManifest(e.Name())
-		unlock()
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			rep.Damaged = append(rep.Damaged, e.Name())
-			continue
-		}
-		recs = append(recs, recordOf(m))
-	}
-	err = s.update(func(tx *bolt.Tx) error {
-		// A checkpoint being committed keeps the record its writer may
-		// have put already, and gets none from here otherwise.
-		for _, id := range busy {
-			r, ok, err := getRecordTx(tx, id)
-			if err != nil {
-				return err
-			}
-			if ok {
-				recs = append(recs, r)
-			}
-		}
-		for _, b := range [][]byte{bucketCheckpoints, bucketJobs} {
-			if err := tx.DeleteBucket(b); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
-				return err
-			}
-			if _, err := tx.CreateBucket(b); err != nil {
-				return err
-			}
-		}
-		for _, r := range recs {
-			if err := putRecordTx(tx, r); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	rep.Indexed = len(recs)
-	return rep, err
 }
 
 // diskUsage adds up the sizes of the regular files under dir.

@@ -34,6 +34,9 @@ type Options struct {
 	// may write (so does AllowUnsafeEnv); links in its structure are
 	// refused all the same.
 	AllowUnsafe bool
+	// NoIndex leaves the index (catalog.db) unopened: for Rebuild, which
+	// replaces it without reading it.
+	NoIndex bool
 }
 
 // Store is a checkpoint store rooted at one directory.
@@ -78,6 +81,9 @@ func Open(root string, o Options) (*Store, error) {
 		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("create store directory: %w", err)
 		}
+	}
+	if o.NoIndex {
+		return s, nil
 	}
 	if err := s.initIndex(); err != nil {
 		return nil, err

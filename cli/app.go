@@ -142,6 +142,11 @@ func setUsageErrors(cmds []*ucli.Command) {
 
 // openStore opens the store named by --home / $STASIS_HOME or the default.
 func openStore(c *ucli.Context) (*catalog.Store, error) {
+	return openStoreWith(c, catalog.Options{})
+}
+
+// openStoreWith is openStore with o's NoIndex.
+func openStoreWith(c *ucli.Context, o catalog.Options) (*catalog.Store, error) {
 	home := c.String("home")
 	if home == "" {
 		var err error
@@ -155,7 +160,7 @@ func openStore(c *ucli.Context) (*catalog.Store, error) {
 		os.Setenv(catalog.AllowUnsafeEnv, "1")
 	}
 	trace.Mark("cli: opening the store")
-	s, err := catalog.Open(home, catalog.Options{LockTimeout: c.Duration("lock-timeout"), AllowUnsafe: c.Bool("allow-unsafe-store")})
+	s, err := catalog.Open(home, catalog.Options{LockTimeout: c.Duration("lock-timeout"), AllowUnsafe: c.Bool("allow-unsafe-store"), NoIndex: o.NoIndex})
 	trace.Mark("cli: store open")
 	return s, err
 }

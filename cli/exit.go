@@ -33,6 +33,7 @@ const (
 	ExitHookFailed  = 12  // a user hook script failed or timed out
 	ExitBadStream   = 13  // an import stream is not a stasis export, is truncated, or holds what an export may not; nothing was imported
 	ExitExists      = 14  // the checkpoint to import is already in the store; nothing was changed
+	ExitDamaged     = 16  // the catalog was damaged: moved aside and rebuilt from the manifests; run the command again
 	ExitUnsafe      = 15  // the store, its config.toml or a hook script it names is not its user's alone, or the store's structure holds a link; nothing was done
 	ExitInterrupted = 130 // stopped by SIGINT or SIGTERM; the partial checkpoint was removed
 
@@ -88,6 +89,8 @@ func exitCode(err error) int {
 		return ExitInterrupted
 	case errors.Is(err, catalog.ErrUnsafe):
 		return ExitUnsafe
+	case errors.Is(err, catalog.ErrDamaged):
+		return ExitDamaged
 	case errors.Is(err, hooks.ErrHook):
 		return ExitHookFailed
 	case errors.Is(err, hooks.ErrNoCheckpoint):
