@@ -2,6 +2,7 @@ package catalog
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -176,5 +177,29 @@ func TestGCLeavesOtherStoresRAMScratch(t *testing.T) {
 	}
 	if _, err := os.Stat(unnamed); err != nil {
 		t.Fatalf("gc removed %s: %v", unnamed, err)
+	}
+}
+
+// TestKeepLogFollowsNoLink: with logs/ a link to a folder of many files,
+// keeping a log neither writes there nor prunes the folder to the newest
+// 20.
+func TestKeepLogFollowsNoLink(t *testing.T) {
+	s := mustStore(t)
+	dir := filepath.Join(t.TempDir(), "victim")
+	os.Mkdir(dir, 0o700)
+	for i := range keepLogs + 5 {
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("%02d-file", i)), []byte("keep"), 0o600)
+	}
+	src := filepath.Join(t.TempDir(), "criu.log")
+	os.WriteFile(src, []byte("log"), 0o600)
+	if _, err := s.KeepLog(src, "criu.log"); err != nil {
+		t.Fatal(err)
+	}
+	plant(t, s, logsDir, dir)
+	if _, err := s.KeepLog(src, "criu.log"); !errors.Is(err, ErrUnsafe) {
+		t.Errorf("KeepLog with logs/ a link: %v", err)
+	}
+	if got := dirNames(t, dir); len(got) != keepLogs+5 {
+		t.Fatalf("the folder logs/ links to holds %d files, had %d: %v", len(got), keepLogs+5, got)
 	}
 }

@@ -331,14 +331,21 @@ func (s *Store) KeepLog(src, name string) (string, error) {
 		return "", err
 	}
 	dst := s.LogPath(name)
-	dir := filepath.Dir(dst)
-	if err := os.WriteFile(dst, data, 0o600); err != nil {
+	// Written through logs/ opened as an os.Root: nothing outside it.
+	logs, err := s.openStructure(logsDir)
+	if err != nil {
 		return "", err
 	}
-	entries, err := os.ReadDir(dir)
+	err = logs.WriteFile(filepath.Base(dst), data, 0o600)
+	logs.Close()
+	if err != nil {
+		return "", err
+	}
+	// Removed through logs/ opened as an os.Root: no link followed.
+	entries, err := readStructureDir(s, logsDir)
 	if err == nil && len(entries) > keepLogs {
 		for _, e := range entries[:len(entries)-keepLogs] { // names sort by time
-			os.Remove(filepath.Join(dir, e.Name()))
+			s.removeIn(logsDir, e.Name())
 		}
 	}
 	return dst, nil
