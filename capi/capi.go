@@ -107,6 +107,10 @@ func errCode(err error) C.int {
 		return C.STASIS_ECORRUPT
 	case errors.Is(err, catalog.ErrBusy):
 		return C.STASIS_EBUSY
+	case errors.Is(err, catalog.ErrUnsafe):
+		return C.STASIS_EUNSAFE
+	case errors.Is(err, catalog.ErrDamaged):
+		return C.STASIS_EDAMAGED
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
 		return C.STASIS_ENOSPACE
 	case errors.Is(err, cuda.ErrUnavailable), errors.Is(err, tensors.ErrCuFileUnavailable):

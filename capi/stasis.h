@@ -49,6 +49,8 @@ typedef enum {
 	STASIS_EUNAVAILABLE = 8, /* GPU buffers given, but no usable CUDA driver; or cuFile asked for where it cannot work */
 	STASIS_EMISMATCH = 12,   /* buffers do not match their description or the checkpoint */
 	STASIS_EINFLIGHT = 13,   /* STASIS_FAIL_IF_BUSY and a save is in flight */
+	STASIS_EUNSAFE = 18,     /* the store is not its user's alone (owner, group/world write), or holds a link in its structure; as the CLI's exit 18 */
+	STASIS_EDAMAGED = 19,    /* the catalog was damaged: it was moved aside and rebuilt from the manifests; call again */
 	STASIS_EINCOMPLETE = 17, /* a job checkpoint's ranks did not all commit their part in time; nothing was listed */
 	STASIS_ECANCELED = 130   /* the save was cancelled */
 } stasis_code;

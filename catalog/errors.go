@@ -31,3 +31,10 @@ var ErrExists = errors.New("checkpoint ID already taken")
 // manifest). Checksum failures wrap gdswriter.ErrCorrupt or ErrBadManifest
 // instead.
 var ErrBadStream = errors.New("not a valid stasis export stream")
+
+// ErrDamaged is wrapped by errors about a catalog (catalog.db) that bbolt
+// cannot read: it does not open, a read panicked or faulted, it is shorter
+// than its own meta page says, it lacks its buckets, or a record does not
+// decode. The store moved it aside and rebuilt the catalog from the
+// manifests before returning such an error; the message says so.
+var ErrDamaged = errors.New("the catalog is damaged")

@@ -78,13 +78,18 @@ func runHelper(mode string) error {
 		fmt.Println(p.ID())
 		_, err = io.Copy(io.Discard, os.Stdin)
 		return err
-	case "scratch-hold":
-		// A process with a scratch directory, killed before removing it.
+	case "scratch-hold", "scratch-hold-ram":
+		// A process with a scratch directory (in the store, or in RAM:
+		// $STASIS_RAM_SCRATCH), killed before removing it.
 		s, err := Open(root, Options{})
 		if err != nil {
 			return err
 		}
-		sc, err := s.NewScratch("hold", -1)
+		ram := int64(-1)
+		if mode == "scratch-hold-ram" {
+			ram = 0
+		}
+		sc, err := s.NewScratch("hold", ram)
 		if err != nil {
 			return err
 		}

@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 )
 
 // Status of a checkpoint in the index.
@@ -65,46 +63,18 @@ func jobKey(r Record) []byte {
 	return append(k, r.ID...)
 }
 
-func (s *Store) openIndex(readOnly bool) (*bolt.DB, error) {
-	db, err := bolt.Open(s.path(indexName), 0o600, &bolt.Options{Timeout: s.opts.LockTimeout, ReadOnly: readOnly})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("%w (waited %s for %s; another stasis may be running, or raise --lock-timeout)", ErrBusy, s.opts.LockTimeout, s.path(indexName))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open catalog %s: %w", s.path(indexName), err)
-	}
-	return db, nil
-}
-
-func (s *Store) update(fn func(tx *bolt.Tx) error) error {
-	db, err := s.openIndex(false)
-	if err != nil {
-		return err
-	}
-	if err := db.Update(fn); err != nil {
-		db.Close()
-		return err
-	}
-	return db.Close()
-}
-
-func (s *Store) view(fn func(tx *bolt.Tx) error) error {
-	db, err := s.openIndex(true)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	return db.View(fn)
-}
-
+// initIndex creates the index's buckets where they are missing (a new
+// catalog).
 func (s *Store) initIndex() error {
-	return s.update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketCheckpoints, bucketJobs} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
+	return s.withIndex(false, func(db *bolt.DB) error {
+		return db.Update(func(tx *bolt.Tx) error {
+			for _, b := range [][]byte{bucketCheckpoints, bucketJobs} {
+				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+					return err
+				}
 			}
-		}
-		return nil
+			return nil
+		})
 	})
 }
 
@@ -130,10 +100,15 @@ func (s *Store) putRecord(r Record) error {
 	return s.update(func(tx *bolt.Tx) error { return putRecordTx(tx, r) })
 }
 
-// putNewRecord lists r unless a record with its ID exists (ErrExists).
+// putNewRecord lists r unless another record with its ID exists
+// (ErrExists). r itself, listed by a rebuild of the catalog from the
+// manifests (r's among them), is no other record.
 func (s *Store) putNewRecord(r Record) error {
 	return s.update(func(tx *bolt.Tx) error {
-		if _, listed, err := getRecordTx(tx, r.ID); err != nil || listed {
+		if got, listed, err := getRecordTx(tx, r.ID); err != nil || listed {
+			if err == nil && got.Status == StatusComplete && got.Created.Equal(r.Created) && got.Job == r.Job && got.Step == r.Step {
+				return nil
+			}
 			if err == nil {
 				err = fmt.Errorf("%w: checkpoint %s was listed in this store during the import", ErrExists, r.ID)
 			}
@@ -150,7 +125,7 @@ func getRecordTx(tx *bolt.Tx, id string) (Record, bool, error) {
 	}
 	var r Record
 	if err := json.Unmarshal(data, &r); err != nil {
-		return Record{}, false, fmt.Errorf("catalog entry %s is damaged (run `stasis catalog rebuild`): %w", id, err)
+		return Record{}, false, fmt.Errorf("%w: its entry for %s does not decode: %v", ErrDamaged, id, err)
 	}
 	return r, true, nil
 }

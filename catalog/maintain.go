@@ -40,8 +40,15 @@ func (s *Store) removeOne(id string) error {
 	return s.update(func(tx *bolt.Tx) error { return deleteRecordTx(tx, rec) })
 }
 
-// discard moves a checkpoint directory to trash/ and deletes it there.
+// discard moves a checkpoint directory to trash/ and deletes it there,
+// following no link (removeIn).
 func (s *Store) discard(id string) error {
+	if _, err := uuid.Parse(id); err != nil {
+		return fmt.Errorf("%w: %q is not a checkpoint ID", ErrNotFound, id)
+	}
+	if err := s.checkStructure(checkpointsDir, trashDir); err != nil {
+		return err
+	}
 	trash := s.path(trashDir, id)
 	if err := os.Rename(s.CheckpointDir(id), trash); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove checkpoint %s: %w", id, err)
@@ -49,7 +56,7 @@ func (s *Store) discard(id string) error {
 	if err := syncDir(s.path(checkpointsDir)); err != nil {
 		return err
 	}
-	return os.RemoveAll(trash)
+	return s.removeIn(trashDir, id)
 }
 
 // Prune removes all but the keep newest complete checkpoints of job (by
@@ -78,7 +85,8 @@ type GCReport struct {
 	StagingRemoved []string `json:"staging_removed"` // abandoned partial checkpoints removed
 	StagingBusy    []string `json:"staging_busy"`    // partial checkpoints still being written
 	TrashRemoved   []string `json:"trash_removed"`   // leftovers of interrupted removals
-	ScratchRemoved []string `json:"scratch_removed"` // scratch directories of killed processes
+	ScratchRemoved []string `json:"scratch_removed"` // this store's scratch directories of killed processes
+	OutsideRemoved []string `json:"outside_removed"` // directories killed loads left beside their target
 	RemovalsDone   []string `json:"removals_done"`   // interrupted removals finished
 	Indexed        []string `json:"indexed"`         // complete checkpoints missing from the index, added
 	Lost           []string `json:"lost"`            // index records without a checkpoint directory, dropped
@@ -92,7 +100,7 @@ type GCReport struct {
 // disk. A staging directory whose writer still holds its lock is left alone.
 func (s *Store) GC() (GCReport, error) {
 	var rep GCReport
-	staged, err := os.ReadDir(s.path(stagingDir))
+	staged, err := readStructureDir(s, stagingDir)
 	if err != nil {
 		return rep, err
 	}
@@ -110,8 +118,8 @@ func (s *Store) GC() (GCReport, error) {
 			rep.StagingBusy = append(rep.StagingBusy, name)
 			continue
 		}
-		rep.BytesReclaimed += diskUsage(dir)
-		rmErr := os.RemoveAll(dir)
+		rep.BytesReclaimed += s.usageIn(stagingDir, name)
+		rmErr := s.removeIn(stagingDir, name)
 		os.Remove(dir + lockSuffix)
 		lock.Close()
 		if rmErr != nil {
@@ -161,26 +169,29 @@ func (s *Store) GC() (GCReport, error) {
 		}
 	}
 
-	trash, err := os.ReadDir(s.path(trashDir))
+	trash, err := readStructureDir(s, trashDir)
 	if err != nil {
 		return rep, err
 	}
 	for _, e := range trash {
-		dir := s.path(trashDir, e.Name())
-		rep.BytesReclaimed += diskUsage(dir)
-		if err := os.RemoveAll(dir); err != nil {
+		rep.BytesReclaimed += s.usageIn(trashDir, e.Name())
+		if err := s.removeIn(trashDir, e.Name()); err != nil {
 			return rep, err
 		}
 		rep.TrashRemoved = append(rep.TrashRemoved, e.Name())
 	}
 
-	for _, base := range append([]string{s.path(scratchDir)}, ramBases()...) {
-		removed, n, err := gcScratch(base)
-		rep.ScratchRemoved = append(rep.ScratchRemoved, removed...)
-		rep.BytesReclaimed += n
-		if err != nil {
-			return rep, err
-		}
+	removed, n, err := s.gcScratch()
+	rep.ScratchRemoved = append(rep.ScratchRemoved, removed...)
+	rep.BytesReclaimed += n
+	if err != nil {
+		return rep, err
+	}
+	removed, n, err = s.gcOutside()
+	rep.OutsideRemoved = append(rep.OutsideRemoved, removed...)
+	rep.BytesReclaimed += n
+	if err != nil {
+		return rep, err
 	}
 
 	// Complete checkpoints the index does not know: a crash between the
@@ -222,6 +233,49 @@ func (s *Store) GC() (GCReport, error) {
 	return rep, s.gcParts(&rep)
 }
 
+// Unindexed returns the IDs of the checkpoint directories that the index
+// does not list, leaving out those whose writer holds its staging lock
+// (it lists them itself in a moment). A crash between a commit's rename
+// and its listing leaves one (gc lists it); so may damage to the index
+// that bbolt did not notice. `stasis ls` names them, so that it never
+// leaves out a complete checkpoint without saying so.
+func (s *Store) Unindexed() ([]string, error) {
+	entries, err := readStructureDir(s, checkpointsDir)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := s.List(Filter{IncludeAll: true})
+	if err != nil {
+		return nil, err
+	}
+	listed := make(map[string]bool, len(recs))
+	for _, r := range recs {
+		listed[r.ID] = true
+	}
+	var out []string
+	for _, e := range entries {
+		if listed[e.Name()] {
+			continue
+		}
+		if _, err := uuid.Parse(e.Name()); err != nil {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(s.CheckpointDir(e.Name()), manifestName)); err != nil {
+			continue
+		}
+		unlock, held, err := s.tryStagingLock(e.Name())
+		if err != nil {
+			return nil, err
+		}
+		if held {
+			continue
+		}
+		unlock()
+		out = append(out, e.Name())
+	}
+	return out, nil
+}
+
 // tryStagingLock takes staging/<id>.lock without waiting. held is true
 // when a writer holds it; otherwise unlock removes the lock file and lets
 // go of it.
@@ -235,77 +289,6 @@ func (s *Store) tryStagingLock(id string) (unlock func(), held bool, err error) 
 		return nil, true, nil
 	}
 	return func() { os.Remove(path); lock.Close() }, false, nil
-}
-
-// RebuildReport says what Rebuild found.
-type RebuildReport struct {
-	Indexed int      `json:"indexed"`
-	Damaged []string `json:"damaged"` // directories whose manifest could not be read, not indexed
-}
-
-// Rebuild recreates the index from the manifests under checkpoints/, in one
-// transaction: readers see the old index or the new one.
-func (s *Store) Rebuild() (RebuildReport, error) {
-	var rep RebuildReport
-	entries, err := os.ReadDir(s.path(checkpointsDir))
-	if err != nil {
-		return rep, err
-	}
-	var recs []Record
-	var busy []string // being committed: their writers list them
-	for _, e := range entries {
-		if _, err := uuid.Parse(e.Name()); err != nil {
-			rep.Damaged = append(rep.Damaged, e.Name())
-			continue
-		}
-		unlock, held, err := s.tryStagingLock(e.Name())
-		if err != nil {
-			return rep, err
-		}
-		if held {
-			busy = append(busy, e.Name())
-			continue
-		}
-		m, err := s.ReadManifest(e.Name())
-		unlock()
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			rep.Damaged = append(rep.Damaged, e.Name())
-			continue
-		}
-		recs = append(recs, recordOf(m))
-	}
-	err = s.update(func(tx *bolt.Tx) error {
-		// A checkpoint being committed keeps the record its writer may
-		// have put already, and gets none from here otherwise.
-		for _, id := range busy {
-			r, ok, err := getRecordTx(tx, id)
-			if err != nil {
-				return err
-			}
-			if ok {
-				recs = append(recs, r)
-			}
-		}
-		for _, b := range [][]byte{bucketCheckpoints, bucketJobs} {
-			if err := tx.DeleteBucket(b); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
-				return err
-			}
-			if _, err := tx.CreateBucket(b); err != nil {
-				return err
-			}
-		}
-		for _, r := range recs {
-			if err := putRecordTx(tx, r); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	rep.Indexed = len(recs)
-	return rep, err
 }
 
 // diskUsage adds up the sizes of the regular files under dir.

@@ -99,7 +99,7 @@ func (s *Store) BeginImport(manifest []byte) (*Pending, error) {
 	}
 	// A staging directory nobody holds is a dead writer's: gc would
 	// remove it, and so may we, holding its lock.
-	if err := os.RemoveAll(dir); err == nil {
+	if err := s.removeIn(stagingDir, m.ID); err == nil {
 		err = os.Mkdir(dir, 0o700)
 	}
 	if err != nil {
@@ -156,7 +156,7 @@ func (p *Pending) Commit() (_ *Record, err error) {
 	}
 	defer func() {
 		if err != nil {
-			os.RemoveAll(p.dir)
+			p.store.removeIn(stagingDir, filepath.Base(p.dir))
 		}
 		p.release()
 	}()
@@ -208,6 +208,13 @@ func (p *Pending) Commit() (_ *Record, err error) {
 		put = p.store.putNewRecord
 	}
 	if err := put(rec); err != nil {
+		// A damaged catalog was rebuilt from the manifests, this
+		// checkpoint's among them: it is listed, and complete.
+		if errors.Is(err, ErrDamaged) {
+			if got, gerr := p.store.Get(m.ID); gerr == nil && got.Created.Equal(rec.Created) {
+				return &rec, nil
+			}
+		}
 		return nil, p.unlist(err)
 	}
 	trace.Mark("catalog: indexed")
@@ -216,9 +223,10 @@ func (p *Pending) Commit() (_ *Record, err error) {
 
 // unlist takes back a checkpoint that was renamed into checkpoints/ but
 // could not be listed (cause), unless a record points to it by now: a
-// directory a record names is never deleted. gc and Rebuild do not list a
+// directory a record names is never deleted. gc does not list a
 // checkpoint whose staging lock is held, which p holds, so a record here
-// is one that existed before (an ID being removed, which gc finishes).
+// is one that existed before (an ID being removed, which gc finishes), or
+// one a rebuild of the catalog put (it lists what it finds complete).
 func (p *Pending) unlist(cause error) error {
 	id := p.Manifest.ID
 	trash := p.store.path(trashDir, id)
@@ -245,7 +253,7 @@ func (p *Pending) unlist(cause error) error {
 			return fmt.Errorf("checkpoint %s written but not listed, and not removed either (run `stasis gc`): %w", id, cause)
 		}
 	default:
-		os.RemoveAll(trash)
+		p.store.removeIn(trashDir, id)
 	}
 	return fmt.Errorf("checkpoint %s written but not listed, so removed again: %w", id, cause)
 }
@@ -255,7 +263,7 @@ func (p *Pending) Abort() {
 	if p.done {
 		return
 	}
-	os.RemoveAll(p.dir)
+	p.store.removeIn(stagingDir, filepath.Base(p.dir))
 	p.release()
 }
 

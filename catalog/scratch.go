@@ -3,10 +3,12 @@ package catalog
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -98,7 +100,22 @@ const (
 	scratchDir    = "scratch"
 	scratchPrefix = "stasis-"
 	scratchLock   = ".lock"
+	// scratchStore, in a scratch directory, names the store it belongs
+	// to (Store.identity): the RAM scratch places are shared by every
+	// store of the machine, and gc removes only its own store's.
+	scratchStore = ".store"
 )
+
+// identity names the store among the stores of this machine: the device
+// and inode of its root, which no other directory has while it exists,
+// and its path, for people.
+func (s *Store) identity() (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(s.Root, &st); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("dev %d ino %d %s", st.Dev, st.Ino, s.Root), nil
+}
 
 // Scratch is a temporary directory for work that is not part of a
 // checkpoint (CRIU's images before they are packed, a restore's unpacked
@@ -128,6 +145,17 @@ func (s *Store) NewScratch(purpose string, ramBytes int64) (*Scratch, error) {
 	lock, err := lockFile(filepath.Join(dir, scratchLock), true)
 	if err != nil {
 		os.RemoveAll(dir)
+		return nil, err
+	}
+	// The store's name last: gc takes a directory for its store's only
+	// once it is locked and named.
+	id, err := s.identity()
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, scratchStore), []byte(id+"\n"), 0o600)
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		lock.Close()
 		return nil, err
 	}
 	return &Scratch{Dir: dir, lock: lock}, nil
@@ -195,12 +223,49 @@ func ramBases() []string {
 	return bases
 }
 
-// gcScratch removes abandoned scratch directories under base.
-func gcScratch(base string) ([]string, int64, error) {
-	entries, err := os.ReadDir(base)
+// gcScratch removes the abandoned scratch directories of this store:
+// those in its scratch/, and those in the shared RAM places (ramBases)
+// that are this user's and name this store (scratchStore). Other stores'
+// scratch directories there are left alone, locked or not.
+func (s *Store) gcScratch() ([]string, int64, error) {
+	id, err := s.identity()
+	if err != nil {
+		return nil, 0, err
+	}
+	removed, bytes, err := s.gcScratchIn(s.path(scratchDir), id, true)
+	if err != nil {
+		return removed, bytes, err
+	}
+	for _, base := range ramBases() {
+		r, n, err := s.gcScratchIn(base, id, false)
+		removed, bytes = append(removed, r...), bytes+n
+		if err != nil {
+			return removed, bytes, err
+		}
+	}
+	return removed, bytes, nil
+}
+
+// gcScratchIn removes abandoned scratch directories under base that
+// belong to the store named id; in the store's own scratch/ (own), all
+// of them. base is opened as an os.Root (the store's scratch/ without
+// following a link at its name), so nothing is removed outside it.
+func (s *Store) gcScratchIn(base, id string, own bool) ([]string, int64, error) {
+	var root *os.Root
+	var err error
+	if own {
+		root, err = s.openStructure(scratchDir)
+	} else {
+		root, err = os.OpenRoot(base)
+	}
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, 0, nil
 	}
+	if err != nil {
+		return nil, 0, err
+	}
+	defer root.Close()
+	entries, err := fs.ReadDir(root.FS(), ".")
 	if err != nil {
 		return nil, 0, err
 	}
@@ -211,16 +276,24 @@ func gcScratch(base string) ([]string, int64, error) {
 			continue
 		}
 		dir := filepath.Join(base, e.Name())
-		lockPath := filepath.Join(dir, scratchLock)
-		if _, err := os.Stat(lockPath); err != nil {
+		if info, err := e.Info(); err != nil || !ownedByMe(info) {
+			continue
+		}
+		if !own {
+			named, err := root.ReadFile(e.Name() + "/" + scratchStore)
+			if err != nil || strings.TrimSuffix(string(named), "\n") != id {
+				continue // another store's, or not yet named
+			}
+		}
+		if _, err := root.Lstat(e.Name() + "/" + scratchLock); err != nil {
 			continue // not one of ours, or not yet locked
 		}
-		lock, err := lockFile(lockPath, false)
+		lock, err := lockFile(filepath.Join(dir, scratchLock), false)
 		if err != nil || lock == nil {
 			continue
 		}
 		bytes += diskUsage(dir)
-		err = os.RemoveAll(dir)
+		err = root.RemoveAll(e.Name())
 		lock.Close()
 		if err != nil {
 			return removed, bytes, err
@@ -228,6 +301,12 @@ func gcScratch(base string) ([]string, int64, error) {
 		removed = append(removed, dir)
 	}
 	return removed, bytes, nil
+}
+
+// ownedByMe says whether info is of a file this user owns.
+func ownedByMe(info fs.FileInfo) bool {
+	st, ok := info.Sys().(*syscall.Stat_t)
+	return ok && int(st.Uid) == os.Geteuid()
 }
 
 // logsDir holds the logs of failed CRIU runs.
@@ -252,14 +331,21 @@ func (s *Store) KeepLog(src, name string) (string, error) {
 		return "", err
 	}
 	dst := s.LogPath(name)
-	dir := filepath.Dir(dst)
-	if err := os.WriteFile(dst, data, 0o600); err != nil {
+	// Written through logs/ opened as an os.Root: nothing outside it.
+	logs, err := s.openStructure(logsDir)
+	if err != nil {
 		return "", err
 	}
-	entries, err := os.ReadDir(dir)
+	err = logs.WriteFile(filepath.Base(dst), data, 0o600)
+	logs.Close()
+	if err != nil {
+		return "", err
+	}
+	// Removed through logs/ opened as an os.Root: no link followed.
+	entries, err := readStructureDir(s, logsDir)
 	if err == nil && len(entries) > keepLogs {
 		for _, e := range entries[:len(entries)-keepLogs] { // names sort by time
-			os.Remove(filepath.Join(dir, e.Name()))
+			s.removeIn(logsDir, e.Name())
 		}
 	}
 	return dst, nil

@@ -30,6 +30,13 @@ type Options struct {
 	// LockTimeout bounds how long an operation waits for the index lock
 	// held by another process; 10 s when zero.
 	LockTimeout time.Duration
+	// AllowUnsafe accepts a store that another user owns or that others
+	// may write (so does AllowUnsafeEnv); links in its structure are
+	// refused all the same.
+	AllowUnsafe bool
+	// NoIndex leaves the index (catalog.db) unopened: for Rebuild, which
+	// replaces it without reading it.
+	NoIndex bool
 }
 
 // Store is a checkpoint store rooted at one directory.
@@ -52,7 +59,9 @@ func DefaultHome() (string, error) {
 }
 
 // Open opens the store at root, creating its directories (mode 0700) and its
-// index when they do not exist.
+// index when they do not exist. A store that is not this user's alone, or
+// whose structure holds a link, is refused with an error wrapping
+// ErrUnsafe (confine.go).
 func Open(root string, o Options) (*Store, error) {
 	if o.LockTimeout <= 0 {
 		o.LockTimeout = defaultLockWait
@@ -62,15 +71,19 @@ func Open(root string, o Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{Root: abs, opts: o}
-	for _, dir := range []string{abs, s.path(checkpointsDir), s.path(stagingDir), s.path(trashDir)} {
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return nil, fmt.Errorf("create store directory: %w", err)
+	}
+	if err := s.checkStore(); err != nil {
+		return nil, err
+	}
+	for _, dir := range []string{s.path(checkpointsDir), s.path(stagingDir), s.path(trashDir)} {
 		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-			if errors.Is(err, os.ErrNotExist) && dir == abs {
-				err = os.MkdirAll(dir, 0o700)
-			}
-			if err != nil {
-				return nil, fmt.Errorf("create store directory: %w", err)
-			}
+			return nil, fmt.Errorf("create store directory: %w", err)
 		}
+	}
+	if o.NoIndex {
+		return s, nil
 	}
 	if err := s.initIndex(); err != nil {
 		return nil, err
@@ -143,9 +156,12 @@ func syncDir(dir string) error {
 // returns (nil, nil) when another process holds the lock. After locking it
 // checks that path still names the file it locked: gc removes lock files
 // it can lock, and a lock on a removed file protects nothing, so it retries.
+//
+// It never follows a link at path (O_NOFOLLOW): a lock file is the
+// store's own.
 func lockFile(path string, wait bool) (*os.File, error) {
 	for {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 		if err != nil {
 			return nil, err
 		}
@@ -168,6 +184,10 @@ func lockFile(path string, wait bool) (*os.File, error) {
 		f.Close()
 	}
 }
+
+// CrashPoint is crashPoint for the packages that write through the store
+// (a load's unpacking, an export's stream).
+func CrashPoint(point string) { crashPoint(point) }
 
 // crashPoint kills the process when STASIS_CRASH_AT names point. It exists
 // for the crash tests, which need a process to die at exactly one step of a

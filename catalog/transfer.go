@@ -98,6 +98,7 @@ func (s *Store) Export(ctx context.Context, id string, w io.Writer, o TransferOp
 	if _, err := tw.Write(manifest); err != nil {
 		return nil, err
 	}
+	crashPoint("export-manifest-written")
 	for _, f := range m.Files {
 		if err := tw.WriteHeader(header(f.Name, f.Size)); err != nil {
 			return nil, err
@@ -198,8 +199,15 @@ func (s *Store) openForExport(dir *os.File, id, name string) (*os.File, error) {
 // listed and nothing is left (a killed import leaves a staging directory
 // that gc removes). Errors wrap ErrBadStream, ErrBadManifest,
 // gdswriter.ErrCorrupt or ErrExists.
+//
+// Import ends: every read first checks ctx (so a canceled import stops
+// even while the stream keeps coming), every entry must hold exactly the
+// bytes its header and the manifest declare, and at most maxTrailing
+// bytes of zeros may follow the end-of-archive marker. A reader that
+// blocks is the caller's to unblock on cancellation (the CLI sets a read
+// deadline on its file).
 func (s *Store) Import(ctx context.Context, r io.Reader, o TransferOptions) (*Record, error) {
-	counted := &countingReader{r: r}
+	counted := &countingReader{r: r, ctx: ctx}
 	tr := tar.NewReader(counted)
 	hdr, err := nextEntry(tr, 0)
 	if err != nil {
@@ -254,9 +262,20 @@ func (s *Store) Import(ctx context.Context, r io.Reader, o TransferOptions) (*Re
 		if err := importData(ctx, tr, f, p.Path(f.Name), o); err != nil {
 			return nil, err
 		}
+		// The extents tile the file, so nothing is left of the entry;
+		// a reader that disagreed would have it skipped unchecked.
+		if n, err := tr.Read(make([]byte, 1)); n != 0 || (err != nil && !errors.Is(err, io.EOF)) {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			return nil, badStream("entry %s holds more than its chunks' extents", hdr.Name)
+		}
 	}
 	if err := expectEnd(counted); err != nil {
 		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err // the last point at which a signal stops it unlisted
 	}
 	rec, err := p.Commit()
 	committed = true // a failed Commit removes what it staged
@@ -431,22 +450,38 @@ func importBuffers(f DataFile, asked int) (workers int, size int64) {
 	return workers, size
 }
 
-// countingReader counts the bytes read through it.
+// countingReader counts the bytes read through it, and fails every read
+// once ctx is done (with ctx's error, whatever the read itself returned).
 type countingReader struct {
-	r io.Reader
-	n int64
+	r   io.Reader
+	ctx context.Context
+	n   int64
 }
 
 func (c *countingReader) Read(b []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
 	n, err := c.r.Read(b)
 	c.n += int64(n)
+	if err != nil {
+		if cerr := c.ctx.Err(); cerr != nil {
+			return n, cerr
+		}
+	}
 	return n, err
 }
 
+// maxTrailing bounds the zeros accepted after the end-of-archive marker:
+// tar pads an archive to whole records (10 KiB by default, more with a
+// larger blocking factor), and nothing that pads needs more than this.
+const maxTrailing = 1 << 20
+
 // expectEnd checks what follows the last data file's bytes: zero padding
 // to the tar block, the end-of-archive marker, and nothing else but zeros
-// (tar pads archives to whole records with zeros). A stream cut before the
-// marker is truncated; another entry, or any other data, is refused.
+// (tar pads archives to whole records with zeros), at most maxTrailing
+// bytes of them. A stream cut before the marker is truncated; another
+// entry, any other data, or more zeros than that are refused.
 func expectEnd(r *countingReader) error {
 	pad := (tarBlock - r.n%tarBlock) % tarBlock
 	end := make([]byte, pad+endOfArchive)
@@ -458,15 +493,22 @@ func expectEnd(r *countingReader) error {
 		return truncated(err, "before the end-of-archive marker")
 	}
 	buf := make([]byte, 64<<10)
+	var trailing int64
 	for {
 		n, err := r.Read(buf)
 		if !AllZero(buf[:n]) {
 			return badStream("data follows the end-of-archive marker")
 		}
+		if trailing += int64(n); trailing > maxTrailing {
+			return badStream("more than %d bytes of zeros follow the end-of-archive marker; an export ends there", maxTrailing)
+		}
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
+			if errors.Is(err, context.Canceled) {
+				return err
+			}
 			return fmt.Errorf("read the import stream: %w", err)
 		}
 	}

@@ -87,6 +87,7 @@ func (e *env) app() *ucli.App {
 		},
 		Flags: []ucli.Flag{
 			&ucli.StringFlag{Name: "home", Usage: "the checkpoint store (default /var/lib/stasis for root, else ~/.local/share/stasis)", EnvVars: []string{"STASIS_HOME"}},
+			&ucli.BoolFlag{Name: "allow-unsafe-store", Usage: "accept a store that another user owns or that others may write (and the config.toml and hooks in it)", EnvVars: []string{catalog.AllowUnsafeEnv}},
 			&ucli.DurationFlag{Name: "lock-timeout", Value: 10 * time.Second, Usage: "how long to wait for the catalog when another process holds it", EnvVars: []string{"STASIS_LOCK_TIMEOUT"}},
 		},
 		Commands: []*ucli.Command{
@@ -141,6 +142,11 @@ func setUsageErrors(cmds []*ucli.Command) {
 
 // openStore opens the store named by --home / $STASIS_HOME or the default.
 func openStore(c *ucli.Context) (*catalog.Store, error) {
+	return openStoreWith(c, catalog.Options{})
+}
+
+// openStoreWith is openStore with o's NoIndex.
+func openStoreWith(c *ucli.Context, o catalog.Options) (*catalog.Store, error) {
 	home := c.String("home")
 	if home == "" {
 		var err error
@@ -148,8 +154,13 @@ func openStore(c *ucli.Context) (*catalog.Store, error) {
 			return nil, err
 		}
 	}
+	if c.Bool("allow-unsafe-store") {
+		// The stasis processes this one starts (CRIU's action script,
+		// hooks' commands) accept it too.
+		os.Setenv(catalog.AllowUnsafeEnv, "1")
+	}
 	trace.Mark("cli: opening the store")
-	s, err := catalog.Open(home, catalog.Options{LockTimeout: c.Duration("lock-timeout")})
+	s, err := catalog.Open(home, catalog.Options{LockTimeout: c.Duration("lock-timeout"), AllowUnsafe: c.Bool("allow-unsafe-store"), NoIndex: o.NoIndex})
 	trace.Mark("cli: store open")
 	return s, err
 }

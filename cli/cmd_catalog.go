@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -29,6 +30,15 @@ func (e *env) lsCommand() *ucli.Command {
 			recs, err := s.List(catalog.Filter{Job: c.String("job"), IncludeAll: c.Bool("all")})
 			if err != nil {
 				return err
+			}
+			// Never leave out a complete checkpoint without saying so.
+			missing, err := s.Unindexed()
+			if err != nil {
+				return err
+			}
+			if len(missing) > 0 {
+				fmt.Fprintf(e.stderr, "stasis: warning: %d complete checkpoints are not in the catalog and not listed here (%s): run `stasis gc` to list them\n",
+					len(missing), strings.Join(missing, ", "))
 			}
 			if c.Bool("json") {
 				if recs == nil {
@@ -224,7 +234,8 @@ func (e *env) catalogCommand() *ucli.Command {
 				if err := noArgs(c); err != nil {
 					return err
 				}
-				s, err := openStore(c)
+				// The catalog it replaces may be damaged: not opened.
+				s, err := openStoreWith(c, catalog.Options{NoIndex: true})
 				if err != nil {
 					return err
 				}
@@ -233,6 +244,9 @@ func (e *env) catalogCommand() *ucli.Command {
 					return err
 				}
 				fmt.Fprintf(e.stdout, "indexed %d checkpoints\n", rep.Indexed)
+				if rep.Previous != "" {
+					fmt.Fprintf(e.stdout, "the catalog it replaced (never read) is kept as %s\n", rep.Previous)
+				}
 				for _, id := range rep.Damaged {
 					fmt.Fprintf(e.stderr, "warning: %s: manifest unreadable; not indexed\n", s.CheckpointDir(id))
 				}

@@ -31,7 +31,7 @@ func hookFlagName(hook string) string { return strings.ReplaceAll(hook, "_", "-"
 
 // loadConfig reads the store's config.toml.
 func loadConfig(s *catalog.Store) (hooks.Config, error) {
-	return hooks.LoadConfig(s.Root)
+	return hooks.LoadConfig(s.Root, s.AllowsUnsafe())
 }
 
 // scripts are the hook scripts of the flags over those of the

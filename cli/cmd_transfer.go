@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/internal/atomicfile"
 	ucli "github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 )
 
 func (e *env) exportCommand() *ucli.Command {
@@ -57,6 +59,33 @@ func writeOutput(name string, stdout io.Writer, write func(io.Writer) error) err
 	return atomicfile.WriteFrom(name, true, write)
 }
 
+// openInput opens the import stream, FILE or stdin ("-"), so that a read
+// deadline can stop a read that waits for data: SIGINT and SIGTERM must
+// end an import whose writer went quiet. Stdin is switched to
+// non-blocking mode for Go's poller (the caller sets it back); a pipe or FIFO
+// then takes deadlines, and a regular file never blocks.
+func openInput(name string) (*os.File, error) {
+	if name != "-" {
+		f, err := os.Open(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, notFoundError{err}
+		}
+		return f, err
+	}
+	fd, err := unix.Dup(unix.Stdin)
+	if err != nil {
+		return nil, fmt.Errorf("stdin: %w", err)
+	}
+	unix.CloseOnExec(fd)
+	// Non-blocking mode is a property of the open file, shared with
+	// whoever else holds stdin; restored when the import ends.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("stdin: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "stdin"), nil
+}
+
 func (e *env) importCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:      "import",
@@ -69,18 +98,18 @@ func (e *env) importCommand() *ucli.Command {
 			if c.Args().Len() != 1 {
 				return usagef("import takes one FILE, or - for stdin")
 			}
-			in := io.Reader(os.Stdin)
-			if name := c.Args().First(); name != "-" {
-				f, err := os.Open(name)
-				if errors.Is(err, fs.ErrNotExist) {
-					return notFoundError{err}
-				}
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				in = f
+			in, err := openInput(c.Args().First())
+			if err != nil {
+				return err
 			}
+			defer func() {
+				in.Close()
+				if c.Args().First() == "-" {
+					unix.SetNonblock(unix.Stdin, false)
+				}
+			}()
+			stop := context.AfterFunc(c.Context, func() { in.SetReadDeadline(time.Now()) })
+			defer stop()
 			s, err := openStore(c)
 			if err != nil {
 				return err

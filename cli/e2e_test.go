@@ -23,6 +23,12 @@ import (
 var stasisBin string
 
 func TestMain(m *testing.M) {
+	if bin := os.Getenv("STASIS_TEST_BINARY"); bin != "" {
+		// The tests against another build of stasis (an older one, to
+		// see a new test fail there).
+		stasisBin = bin
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "stasis-e2e-bin-")
 	if err != nil {
 		panic(err)

@@ -34,8 +34,10 @@ const (
 	ExitBadStream   = 13  // an import stream is not a stasis export, is truncated, or holds what an export may not; nothing was imported
 	ExitExists      = 14  // the checkpoint to import is already in the store; nothing was changed
 	ExitMemory      = 15  // the restored tree's memory was not what was checkpointed; CRIU undid the restore, nothing of it runs
-	ExitIncomplete  = 17  // a job checkpoint's ranks did not all commit their part in time; nothing was listed
 	ExitRefused     = 16  // the checkpoint's preflight refused the tree (it holds what CRIU cannot dump); nothing was touched, the job runs on
+	ExitIncomplete  = 17  // a job checkpoint's ranks did not all commit their part in time; nothing was listed
+	ExitUnsafe      = 18  // the store, its config.toml or a hook script it names is not its user's alone, or the store's structure holds a link; nothing was done
+	ExitDamaged     = 19  // the catalog was damaged: moved aside and rebuilt from the manifests; run the command again
 	ExitInterrupted = 130 // stopped by SIGINT or SIGTERM; the partial checkpoint was removed
 
 	// stasis run's own codes, modeled on timeout(1); otherwise it exits
@@ -88,6 +90,10 @@ func exitCode(err error) int {
 		return ExitUsage
 	case errors.Is(err, context.Canceled):
 		return ExitInterrupted
+	case errors.Is(err, catalog.ErrUnsafe):
+		return ExitUnsafe
+	case errors.Is(err, catalog.ErrDamaged):
+		return ExitDamaged
 	case errors.Is(err, hooks.ErrHook):
 		return ExitHookFailed
 	case errors.Is(err, hooks.ErrNoCheckpoint):

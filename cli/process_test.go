@@ -826,7 +826,7 @@ func TestRestoreFailsOnWrongMemory(t *testing.T) {
 	before := len(memcheckLines(t, out))
 	t.Setenv("STASIS_FAILPOINTS", "fill-wrong-page")
 	r := run(t, home, "restore", id)
-	expectCode(t, r, 15, `^stasis: restored memory differs from the checkpoint: process \d+ \(PID \d+ here\), mapping 0x[0-9a-f]+-0x[0-9a-f]+, page at 0x[0-9a-f]+ \(CRIU undid the restore; nothing of the tree runs\)`)
+	expectCode(t, r, cli.ExitMemory, `^stasis: restored memory differs from the checkpoint: process \d+ \(PID \d+ here\), mapping 0x[0-9a-f]+-0x[0-9a-f]+, page at 0x[0-9a-f]+ \(CRIU undid the restore; nothing of the tree runs\)`)
 	// The tree CRIU undid goes (it may still be being torn down), and
 	// never checked its memory: it never ran.
 	waitGone(t, pid)

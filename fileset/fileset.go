@@ -228,7 +228,9 @@ type LoadOptions struct {
 // Load writes the entries of a files checkpoint under dir. dir must not
 // exist or be empty. Everything is first written to a temporary directory
 // beside it and moved into place only after every chunk has been verified,
-// so a failed load leaves dir as it was.
+// so a failed load leaves dir as it was, and one killed meanwhile leaves
+// a hidden directory beside dir that `stasis gc` removes
+// (catalog.NewOutsideDir).
 func Load(ctx context.Context, s *catalog.Store, id, dir string, o LoadOptions) (*catalog.Manifest, error) {
 	m, err := s.ReadManifest(id)
 	if err != nil {
@@ -240,19 +242,22 @@ func Load(ctx context.Context, s *catalog.Store, id, dir string, o LoadOptions) 
 	if err := checkTarget(dir); err != nil {
 		return nil, err
 	}
-	tmp, err := os.MkdirTemp(filepath.Dir(filepath.Clean(dir)), "."+filepath.Base(dir)+".stasis-load-")
+	// Registered in the store before it is made: gc removes what a
+	// killed load leaves there.
+	tmp, err := s.NewOutsideDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	if err := unpack(ctx, s, m, tmp, o); err != nil {
-		os.RemoveAll(tmp)
+	if err := unpack(ctx, s, m, tmp.Dir, o); err != nil {
+		tmp.Done()
 		return nil, err
 	}
-	if err := moveInto(tmp, dir); err != nil {
-		os.RemoveAll(tmp)
+	catalog.CrashPoint("load-unpacked")
+	if err := moveInto(tmp.Dir, dir); err != nil {
+		tmp.Done()
 		return nil, err
 	}
-	return m, nil
+	return m, tmp.Done()
 }
 
 // checkTarget accepts a directory that does not exist or is empty.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/stasis-ckpt/stasis/catalog"
 )
 
 // ConfigName is the configuration file's name in the store.
@@ -35,10 +36,18 @@ type RunDefaults struct {
 }
 
 // LoadConfig reads home's config.toml; a store without one has the zero
-// Config.
-func LoadConfig(home string) (Config, error) {
+// Config. The hooks it names run as the store's user, so, unless
+// allowUnsafe, the file and every hook script it names (and their
+// directories) must be owned by that user or root and written by nobody
+// else (catalog.CheckOwned; errors wrap catalog.ErrUnsafe).
+func LoadConfig(home string, allowUnsafe bool) (Config, error) {
 	var c Config
 	path := filepath.Join(home, ConfigName)
+	if !allowUnsafe {
+		if err := catalog.CheckOwned("configuration file", path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return Config{}, err
+		}
+	}
 	md, err := toml.DecodeFile(path, &c)
 	if errors.Is(err, os.ErrNotExist) {
 		return Config{}, nil
@@ -52,6 +61,11 @@ func LoadConfig(home string) (Config, error) {
 	for name, p := range c.Hooks.paths() {
 		if p != "" && !filepath.IsAbs(p) {
 			return Config{}, fmt.Errorf("%w: %s: [hooks] %s = %q: give an absolute path", ErrConfig, path, name, p)
+		}
+		if p != "" && !allowUnsafe {
+			if err := catalog.CheckOwned("hook script ("+name+" in "+path+")", p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return Config{}, err
+			}
 		}
 	}
 	return c, nil

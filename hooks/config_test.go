@@ -19,7 +19,7 @@ func writeConfig(t *testing.T, text string) string {
 }
 
 func TestLoadConfigWithoutFileIsEmpty(t *testing.T) {
-	c, err := LoadConfig(t.TempDir())
+	c, err := LoadConfig(t.TempDir(), false)
 	if err != nil || c != (Config{}) {
 		t.Fatalf("got %+v, %v; want the zero Config", c, err)
 	}
@@ -39,7 +39,7 @@ grace = "90s"
 kill_after = "5s"
 fallback = "process"
 `)
-	c, err := LoadConfig(home)
+	c, err := LoadConfig(home, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestLoadConfigRefusesMistakes(t *testing.T) {
 		"not TOML":      {"[hooks\n", `config.toml`},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := LoadConfig(writeConfig(t, tc.text))
+			_, err := LoadConfig(writeConfig(t, tc.text), false)
 			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.message) || strings.Contains(err.Error(), "\n") {
 				t.Fatalf("error %q: want a one-line ErrConfig naming %q", err, tc.message)
 			}

@@ -66,3 +66,36 @@ func TestWriteFrom(t *testing.T) {
 		t.Fatalf("files left in %s: %v", dir, entries)
 	}
 }
+
+// TestWriteFromLeavesNoNameWhileWriting checks that, on a file system
+// with O_TMPFILE (the test's temporary directory), the file being
+// written has no name in the directory until it is complete: a process
+// killed meanwhile leaves nothing behind. Over an existing file too.
+func TestWriteFromLeavesNoNameWhileWriting(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "export.tar")
+	for _, want := range []string{"first", "second"} {
+		err := WriteFrom(path, true, func(w io.Writer) error {
+			io.WriteString(w, want)
+			entries, _ := os.ReadDir(dir)
+			for _, e := range entries {
+				if e.Name() != "export.tar" {
+					t.Errorf("while writing, %s holds %s", dir, e.Name())
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := os.ReadFile(path); err != nil || string(got) != want {
+			t.Fatalf("read back %q, %v; want %q", got, err, want)
+		}
+		if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("mode: %v, %v", st, err)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Fatalf("files left in %s: %v", dir, entries)
+	}
+}
