@@ -36,7 +36,7 @@ func saveParts(t *testing.T, home, job string, step int64, attempt string, world
 				t.Error(err)
 				return
 			}
-			if err := c.SetPart(r, world, attempt, timeout); err != nil {
+			if err := c.SetPart(PartOptions{Rank: r, WorldSize: world, Attempt: attempt, Timeout: timeout}); err != nil {
 				t.Error(err)
 				return
 			}
@@ -180,11 +180,11 @@ func TestJobCheckpointWorldMismatch(t *testing.T) {
 		t.Fatalf("listed %+v", recs)
 	}
 	for _, c := range []struct{ rank, world int }{{2, 2}, {-1, 2}, {0, 0}} {
-		if err := s.Begin("j", 1).SetPart(c.rank, c.world, "a", 0); !errors.Is(err, catalog.ErrInvalid) {
+		if err := s.Begin("j", 1).SetPart(PartOptions{Rank: c.rank, WorldSize: c.world, Attempt: "a"}); !errors.Is(err, catalog.ErrInvalid) {
 			t.Errorf("rank %d of %d: %v", c.rank, c.world, err)
 		}
 	}
-	if err := s.Begin("j", 1).SetPart(0, 2, "bad attempt", 0); !errors.Is(err, catalog.ErrInvalid) {
+	if err := s.Begin("j", 1).SetPart(PartOptions{WorldSize: 2, Attempt: "bad attempt"}); !errors.Is(err, catalog.ErrInvalid) {
 		t.Errorf("attempt with a space: %v", err)
 	}
 	c := s.Begin("j", 1)

@@ -29,8 +29,7 @@ type Checkpoint struct {
 	used    bool
 	// part, when set, makes this checkpoint one rank's part of a job
 	// checkpoint (SetPart).
-	part        *catalog.PartInfo
-	partTimeout time.Duration
+	part *PartOptions
 }
 
 // maxState bounds the state description: it lives in the manifest, which
@@ -121,7 +120,7 @@ func (c *Checkpoint) options(meta tensors.Meta) tensors.SaveOptions {
 	}
 	tags := maps.Clone(c.tags)
 	if c.part != nil {
-		tags = c.part.Tags(tags)
+		tags = c.part.info().Tags(tags)
 	}
 	return tensors.SaveOptions{
 		Job: c.job, Step: c.step, Tags: tags, Meta: meta, IO: io,
@@ -148,22 +147,40 @@ func (c *Checkpoint) check() error {
 	return catalog.ValidateTags(c.tags)
 }
 
+// PartOptions make a checkpoint one rank's part of a job checkpoint.
+type PartOptions struct {
+	Rank, WorldSize int
+	// Attempt is the key every rank of this run of the job shares.
+	Attempt string
+	// Timeout bounds the coordinator's wait for the other ranks' parts
+	// (DefaultPartTimeout when zero).
+	Timeout time.Duration
+	// NoCommit leaves the job checkpoint to a later Store.CommitJob:
+	// rank 0's part is committed like any other's (the DCP backend
+	// commits the job checkpoint with DCP's metadata once every rank has
+	// written).
+	NoCommit bool
+}
+
+func (p *PartOptions) info() catalog.PartInfo {
+	return catalog.PartInfo{Attempt: p.Attempt, Rank: p.Rank, WorldSize: p.WorldSize}
+}
+
 // SetPart makes the checkpoint rank's part of the job checkpoint of its
-// job and step in attempt, in a world of worldSize ranks: each rank's
-// process saves its own part, and rank 0 (the coordinator), once its part
-// is committed, waits up to timeout for every other rank's and commits
-// the job checkpoint; its Commit (or Save) returns the job checkpoint's
-// record, the other ranks' that of their part. Nothing is listed until
-// the job checkpoint is complete (docs/format.md).
-func (c *Checkpoint) SetPart(rank, worldSize int, attempt string, timeout time.Duration) error {
-	p := catalog.PartInfo{Attempt: attempt, Rank: rank, WorldSize: worldSize}
-	if err := p.Validate(); err != nil {
+// job and step: each rank's process saves its own part, and rank 0 (the
+// coordinator), once its part is committed, waits up to p.Timeout for
+// every other rank's and commits the job checkpoint (unless p.NoCommit);
+// its Commit (or Save) returns the job checkpoint's record, the other
+// ranks' that of their part. Nothing is listed until the job checkpoint
+// is complete (docs/format.md).
+func (c *Checkpoint) SetPart(p PartOptions) error {
+	if err := p.info().Validate(); err != nil {
 		return err
 	}
-	if timeout <= 0 {
-		timeout = DefaultPartTimeout
+	if p.Timeout <= 0 {
+		p.Timeout = DefaultPartTimeout
 	}
-	c.part, c.partTimeout = &p, timeout
+	c.part = &p
 	return nil
 }
 
@@ -174,10 +191,43 @@ const DefaultPartTimeout = 10 * time.Minute
 // finish completes a committed checkpoint: for the coordinator of a job
 // checkpoint, the job checkpoint.
 func (c *Checkpoint) finish(ctx context.Context, rec *catalog.Record) (*catalog.Record, error) {
-	if c.part == nil || c.part.Rank != 0 {
+	if c.part == nil || c.part.Rank != 0 || c.part.NoCommit {
 		return rec, nil
 	}
-	return c.store.cat.CommitJob(ctx, c.job, c.step, *c.part, c.partTimeout)
+	return c.store.cat.CommitJob(ctx, c.job, c.step, c.part.info(), c.part.Timeout, nil)
+}
+
+// CommitJob commits the job checkpoint of job at step once every rank's
+// part in p.Attempt is committed (waiting up to p.Timeout), recording app
+// (a JSON value, or nil) for its readers; for parts saved with NoCommit.
+func (s *Store) CommitJob(ctx context.Context, job string, step int64, p PartOptions, app json.RawMessage) (Record, error) {
+	if p.Timeout <= 0 {
+		p.Timeout = DefaultPartTimeout
+	}
+	rec, err := s.cat.CommitJob(ctx, job, step, p.info(), p.Timeout, app)
+	if err != nil {
+		return Record{}, err
+	}
+	return *rec, nil
+}
+
+// Job reads job's complete job checkpoint at step (its latest when step
+// < 0): its record and its parts, each checked against it.
+func (s *Store) Job(job string, step int64) (Record, *catalog.JobMeta, error) {
+	if err := catalog.ValidateJob(job); err != nil {
+		return Record{}, nil, err
+	}
+	recs, err := s.cat.List(catalog.Filter{Job: job})
+	if err != nil {
+		return Record{}, nil, err
+	}
+	for i := len(recs) - 1; i >= 0; i-- {
+		if recs[i].Kind == catalog.KindJob && (step < 0 || recs[i].Step == step) {
+			_, jm, err := s.cat.JobParts(recs[i].ID)
+			return recs[i], jm, err
+		}
+	}
+	return Record{}, nil, fmt.Errorf("%w: job %q has no complete job checkpoint%s", catalog.ErrNotFound, job, map[bool]string{true: "", false: fmt.Sprintf(" at step %d", step)}[step < 0])
 }
 
 // Commit writes the checkpoint and returns once it is durable and listed.

@@ -368,12 +368,47 @@ func stasis_save_release(h C.stasis_save) {
 }
 
 //export stasis_set_part
-func stasis_set_part(h C.stasis_checkpoint, rank, world C.int32_t, attempt *C.char, timeoutMS C.int64_t, e *C.stasis_error) C.int {
+func stasis_set_part(h C.stasis_checkpoint, rank, world C.int32_t, attempt *C.char, timeoutMS C.int64_t, flags C.int, e *C.stasis_error) C.int {
 	c, err := lookup[*stasis.Checkpoint](C.uint64_t(h), "checkpoint")
 	if err != nil {
 		return fail(e, err)
 	}
-	return fail(e, c.SetPart(int(rank), int(world), goString(attempt), time.Duration(timeoutMS)*time.Millisecond))
+	return fail(e, c.SetPart(stasis.PartOptions{Rank: int(rank), WorldSize: int(world), Attempt: goString(attempt),
+		Timeout: time.Duration(timeoutMS) * time.Millisecond, NoCommit: flags&C.STASIS_PART_NO_COMMIT != 0}))
+}
+
+//export stasis_commit_job
+func stasis_commit_job(h C.stasis_store, job *C.char, step C.int64_t, world C.int32_t, attempt *C.char, timeoutMS C.int64_t, app *C.char, record **C.char, e *C.stasis_error) C.int {
+	s, err := lookup[*stasis.Store](C.uint64_t(h), "store")
+	if err != nil {
+		return fail(e, err)
+	}
+	var appJSON json.RawMessage
+	if a := goString(app); a != "" {
+		appJSON = json.RawMessage(a)
+	}
+	rec, err := s.CommitJob(context.Background(), goString(job), int64(step), stasis.PartOptions{WorldSize: int(world), Attempt: goString(attempt),
+		Timeout: time.Duration(timeoutMS) * time.Millisecond}, appJSON)
+	if err == nil {
+		err = putJSON(record, rec)
+	}
+	return fail(e, err)
+}
+
+//export stasis_job
+func stasis_job(h C.stasis_store, job *C.char, step C.int64_t, out **C.char, e *C.stasis_error) C.int {
+	s, err := lookup[*stasis.Store](C.uint64_t(h), "store")
+	if err != nil {
+		return fail(e, err)
+	}
+	rec, jm, err := s.Job(goString(job), int64(step))
+	if err == nil {
+		err = putJSON(out, struct {
+			stasis.Record
+			*catalog.JobMeta
+		}{rec, jm})
+	}
+	return fail(e, err)
 }
 
 //export stasis_find_for_rank

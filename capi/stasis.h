@@ -83,6 +83,9 @@ typedef struct {
 /* stasis_commit flags */
 #define STASIS_ASYNC 1        /* return after the snapshot; write in the background */
 #define STASIS_FAIL_IF_BUSY 2 /* with STASIS_ASYNC: fail instead of waiting for a save in flight */
+/* A flag of stasis_set_part: rank 0's part is committed like the others',
+ * and the job checkpoint is left to stasis_commit_job. */
+#define STASIS_PART_NO_COMMIT 1
 
 #ifndef STASIS_CGO /* the prototypes; the library's own build skips them */
 
@@ -128,7 +131,16 @@ int stasis_set_state(stasis_checkpoint c, const char *json, stasis_error *err);
  * waits up to timeout_ms (0: ten minutes) for every rank's part, then
  * commits the job checkpoint and returns its record; a rank that never
  * arrives fails it with STASIS_EINCOMPLETE, and nothing is listed. */
-int stasis_set_part(stasis_checkpoint c, int32_t rank, int32_t world_size, const char *attempt, int64_t timeout_ms, stasis_error *err);
+int stasis_set_part(stasis_checkpoint c, int32_t rank, int32_t world_size, const char *attempt, int64_t timeout_ms, int flags, stasis_error *err);
+/* Waits up to timeout_ms (0: ten minutes) until every rank's part of job
+ * at step in attempt is committed, then commits the job checkpoint with
+ * app_json (a JSON value for its readers, or NULL); its record in
+ * *record_json. */
+int stasis_commit_job(stasis_store s, const char *job, int64_t step, int32_t world_size, const char *attempt, int64_t timeout_ms, const char *app_json, char **record_json, stasis_error *err);
+/* job's complete job checkpoint at step (step < 0: the latest): its record
+ * with attempt, world_size, parts (rank, id, host, bytes, stored_bytes,
+ * manifest_sha256) and app, as a JSON object. */
+int stasis_job(stasis_store s, const char *job, int64_t step, char **job_json, stasis_error *err);
 /* Commits c, which is released whatever the outcome. Blocking (flags 0):
  * returns once the checkpoint is durable and listed, with its record in
  * *record_json (may be NULL). STASIS_ASYNC: returns once every buffer is

@@ -105,6 +105,9 @@ type JobMeta struct {
 	Attempt   string    `json:"attempt"`
 	WorldSize int       `json:"world_size"`
 	Parts     []JobPart `json:"parts"` // by rank
+	// App is what the coordinator recorded for its readers (a JSON
+	// value; the DCP backend's: its metadata, pickled, in base64).
+	App json.RawMessage `json:"app,omitempty"`
 }
 
 // JobPart names one rank's part.
@@ -220,9 +223,12 @@ func (s *Store) findParts(job string, step int64, attempt string, seen map[strin
 // with ErrIncomplete naming the missing ranks; nothing is listed then,
 // and gc removes the parts in time. A rank with two parts in one attempt
 // (a rank that was restarted) counts with its newest.
-func (s *Store) CommitJob(ctx context.Context, job string, step int64, part PartInfo, timeout time.Duration) (*Record, error) {
+func (s *Store) CommitJob(ctx context.Context, job string, step int64, part PartInfo, timeout time.Duration, app json.RawMessage) (*Record, error) {
 	if err := part.Validate(); err != nil {
 		return nil, err
+	}
+	if len(app) > 0 && !json.Valid(app) {
+		return nil, fmt.Errorf("%w: the job checkpoint's app metadata is not JSON", ErrInvalid)
 	}
 	deadline := time.Now().Add(timeout)
 	seen := map[string]*partOnDisk{}
@@ -254,7 +260,7 @@ func (s *Store) CommitJob(ctx context.Context, job string, step int64, part Part
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	jm := JobMeta{Attempt: part.Attempt, WorldSize: part.WorldSize}
+	jm := JobMeta{Attempt: part.Attempt, WorldSize: part.WorldSize, App: app}
 	for r := range part.WorldSize {
 		p := parts[r]
 		jm.Parts = append(jm.Parts, JobPart{Rank: r, ID: p.m.ID, Host: p.m.Host, Bytes: p.m.Bytes, StoredBytes: p.m.StoredBytes, ManifestSHA256: p.sha256})

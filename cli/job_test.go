@@ -34,7 +34,7 @@ func saveJob(t *testing.T, home, job string, step int64, world int) string {
 				errs <- err
 				return
 			}
-			if err := c.SetPart(r, world, "attempt-1", time.Minute); err != nil {
+			if err := c.SetPart(stasis.PartOptions{Rank: r, WorldSize: world, Attempt: "attempt-1", Timeout: time.Minute}); err != nil {
 				errs <- err
 				return
 			}

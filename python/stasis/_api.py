@@ -204,8 +204,11 @@ def _attempt(attempt):
     return key
 
 
+PART_NO_COMMIT = 1
+
+
 def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compress=None, io=None,
-         rank=None, world_size=None, attempt=None, part_timeout=None):
+         rank=None, world_size=None, attempt=None, part_timeout=None, _no_commit=False):
     """Saves state (nested dicts, lists and tuples of torch tensors (CUDA or
     CPU), NumPy arrays, None, bool, int, float and str) as checkpoint `step`
     of `job`.
@@ -243,9 +246,10 @@ def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compres
             _lib.call(lib.stasis_set_compress, ck.value, compress.encode("utf-8"))
         if io is not None:
             _lib.call(lib.stasis_set_io, ck.value, io.encode("utf-8"))
-        if world_size is not None and world_size > 1:
+        if world_size is not None and (world_size > 1 or _no_commit):
             timeout_ms = 0 if part_timeout is None else max(1, int(part_timeout * 1000))
-            _lib.call(lib.stasis_set_part, ck.value, rank, world_size, _attempt(attempt).encode("utf-8"), timeout_ms)
+            _lib.call(lib.stasis_set_part, ck.value, rank, world_size, _attempt(attempt).encode("utf-8"), timeout_ms,
+                      PART_NO_COMMIT if _no_commit else 0)
         items = _items(leaves)
         arr, keep = _ctypes_tensors(items)
         if items:

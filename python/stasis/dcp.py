@@ -1,0 +1,183 @@
+"""stasis as the storage of PyTorch's Distributed Checkpoint (DCP).
+
+    import torch.distributed.checkpoint as dcp
+    import stasis.dcp
+
+    dcp.save(state_dict, storage_writer=stasis.dcp.Writer(job="llama", step=1200))
+    dcp.async_save(state_dict, storage_writer=stasis.dcp.Writer(job="llama", step=1300))
+    dcp.load(state_dict, storage_reader=stasis.dcp.Reader(job="llama"))  # the latest
+
+Each rank writes the items DCP's planner gives it (its shards, DTensors,
+replicated tensors, and the small objects DCP pickles) as its part of a
+job checkpoint, through stasis's own writer (GPU tensors through its pinned
+pipeline or cuFile, compressed and checksummed); DCP's coordinator then
+commits the job checkpoint with DCP's metadata in it, once every rank's
+part is durable: that is the commit point, as DCP's `.metadata` file is
+for its file system writer. A load reads the parts the plan asks for, in
+any world size: DCP's planner reshards (docs/library.md).
+"""
+
+import base64
+import dataclasses
+import io
+import json
+import pickle
+import uuid
+
+import torch
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from . import _api, _lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """Where DCP's metadata finds an item: in rank's part, under name."""
+    rank: int
+    name: str
+
+
+def _rank_world():
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _done(value):
+    fut = Future()
+    fut.set_result(value)
+    return fut
+
+
+class Writer(StorageWriter):
+    """DCP's StorageWriter over a stasis store: dcp.save(...,
+    storage_writer=Writer(job=..., step=...)). attempt: the key the ranks
+    of this save share (default: one the coordinator draws and DCP's plan
+    hands to every rank). part_timeout: how long the coordinator waits for
+    the ranks' parts (seconds)."""
+
+    def __init__(self, job, step, home=None, attempt=None, compress=None, part_timeout=600):
+        self.job, self.step = job, _lib.check_step(step)
+        _lib.encode_job(job)
+        self.home, self.attempt, self.compress, self.part_timeout = home, attempt, compress, part_timeout
+        self.is_coordinator = False
+
+    def reset(self, checkpoint_id=None):
+        pass
+
+    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+        self.is_coordinator = is_coordinator
+
+    init = set_up_storage_writer  # DCP before 2.3
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        # Runs on the coordinator, which keeps the attempt for finish.
+        self._plan_attempt = self.attempt or uuid.uuid4().hex
+        return [dataclasses.replace(p, storage_data=self._plan_attempt) for p in plans]
+
+    def write_data(self, plan, planner):
+        rank, world = _rank_world()
+        tensors, blobs, results = {}, {}, []
+        for i, item in enumerate(plan.items):
+            name = "i%d" % i
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+                blobs[name] = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+                size = len(raw)
+            else:
+                t = data.detach()
+                tensors[name] = t if t.is_contiguous() else t.contiguous()
+                size = t.numel() * t.element_size()
+            results.append(WriteResult(index=item.index, size_in_bytes=size, storage_data=Stored(rank, name)))
+        _api.save({"tensors": tensors, "bytes": blobs}, self.job, self.step, blocking=True, home=self.home,
+                  compress=self.compress, rank=rank, world_size=world, attempt=plan.storage_data,
+                  _no_commit=True)
+        return _done(results)
+
+    def finish(self, metadata, results):
+        metadata.storage_data = {wr.index: wr.storage_data for rank_results in results for wr in rank_results}
+        _, world = _rank_world()
+        app = json.dumps({"dcp_metadata": base64.b64encode(pickle.dumps(metadata)).decode("ascii")})
+        # Every rank saved its part under the plan's attempt.
+        attempt = self._plan_attempt
+        s = _lib.store(self.home)
+        timeout_ms = max(1, int(self.part_timeout * 1000))
+        _lib.call_json(_lib.lib().stasis_commit_job, s.handle, _lib.encode_job(self.job), self.step, world,
+                       attempt.encode("utf-8"), timeout_ms, app.encode("utf-8"))
+
+    def storage_meta(self):
+        return None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return False
+
+
+class Reader(StorageReader):
+    """DCP's StorageReader over a stasis store: dcp.load(state_dict,
+    storage_reader=Reader(job=...)) loads job's latest complete job
+    checkpoint (or the one at step) into any world size."""
+
+    def __init__(self, job, step=None, home=None):
+        _lib.encode_job(job)
+        self.job, self.step, self.home = job, step, home
+        self.parts, self.storage_data = None, None
+
+    def reset(self, checkpoint_id=None):
+        pass
+
+    def read_metadata(self):
+        s = _lib.store(self.home)
+        info = _lib.call_json(_lib.lib().stasis_job, s.handle, _lib.encode_job(self.job),
+                              -1 if self.step is None else _lib.check_step(self.step))
+        app = info.get("app") or {}
+        if "dcp_metadata" not in app:
+            raise _lib.InvalidArgument(2, f"job checkpoint {info['id']} was not saved through stasis.dcp")
+        self.parts = {p["rank"]: p["id"] for p in info["parts"]}
+        metadata = pickle.loads(base64.b64decode(app["dcp_metadata"]))
+        self.storage_data = metadata.storage_data
+        return metadata
+
+    def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+        self.storage_data = metadata.storage_data
+
+    init = set_up_storage_reader  # DCP before 2.3
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def read_data(self, plan, planner):
+        if self.parts is None:
+            self.read_metadata()
+        by_rank = {}
+        for item in plan.items:
+            by_rank.setdefault(self.storage_data[item.storage_index].rank, []).append(item)
+        for rank, items in sorted(by_rank.items()):
+            part = _api.load(id=self.parts[rank], home=self.home, device="cpu")
+            for item in items:
+                name = self.storage_data[item.storage_index].name
+                if item.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(item, io.BytesIO(part["bytes"][name].numpy().tobytes()))
+                    continue
+                src = part["tensors"][name]
+                for dim, (off, length) in enumerate(zip(item.storage_offsets, item.lengths)):
+                    src = src.narrow(dim, off, length)
+                dst = planner.resolve_tensor(item).detach()
+                dst.copy_(src)
+                planner.commit_tensor(item, dst)
+            del part
+        return _done(None)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return False
