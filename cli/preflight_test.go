@@ -216,3 +216,37 @@ func TestPreflightRefusesADeviceMapping(t *testing.T) {
 		t.Fatalf("a refused checkpoint is listed: %+v", recs)
 	}
 }
+
+// TestPreflightRefusesAStreamSocketOutside checkpoints a job connected to
+// a unix stream server outside its tree: CRIU cannot dump one end of such a
+// connection, with any option, so the preflight refuses in one line (exit
+// 16) naming both processes, before CRIU runs (no log), and the job runs
+// on; --ext-unix-sk does not change that.
+func TestPreflightRefusesAStreamSocketOutside(t *testing.T) {
+	requireCRIU(t)
+	requirePython(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	sock, out := filepath.Join(tmp, "sock"), filepath.Join(tmp, "count")
+	server := startDetached(t, "python3", "testdata/unix_server.py", sock)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the unix server did not start")
+		}
+	}
+	pid := startDetached(t, "python3", "testdata/unix_client.py", sock, out)
+	waitCounting(t, out, 3)
+	for _, flags := range [][]string{nil, {"--ext-unix-sk"}} {
+		r := run(t, home, append([]string{"checkpoint", "--pid", strconv.Itoa(pid)}, flags...)...)
+		expectCode(t, r, cli.ExitRefused, fmt.Sprintf(`^stasis: cannot checkpoint: PID %d \(python3\) holds a unix stream socket \(socket:\[\d+\]\) whose other end PID %d \(python3\) holds, outside the tree; CRIU cannot dump one end of such a connection: checkpoint a tree that holds both ends, or close the connection first\n$`, pid, server))
+	}
+	if logs, _ := filepath.Glob(filepath.Join(home, "logs", "*")); len(logs) != 0 {
+		t.Fatalf("CRIU ran: %v", logs)
+	}
+	if recs := list(t, home); len(recs) != 0 {
+		t.Fatalf("a refused checkpoint is listed: %+v", recs)
+	}
+	waitCounting(t, out, len(counts(t, out))+5)
+}
