@@ -841,6 +841,29 @@ func TestRestoreFailsOnWrongMemory(t *testing.T) {
 	waitMemchecks(t, out, from)
 }
 
+// TestDataLoaderScript runs scripts/gpu-dataloader.sh on the CPU, with few
+// steps: a PyTorch training loop fed by a DataLoader with persistent
+// workers (spawn and fork; the GPU machine runs all three start methods on
+// the GPU), checkpointed mid-way with a plain `stasis checkpoint` and
+// restored, must write the same loss at every step as a run without a
+// break.
+func TestDataLoaderScript(t *testing.T) {
+	requireCRIU(t)
+	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
+		t.Skip("Debian's PyTorch (python3-torch, which make installs) is not in /usr/bin/python3")
+	}
+	cmd := exec.Command("../scripts/gpu-dataloader.sh", "-n", "30", "-m", "spawn fork", "-D", "cpu", "-d", t.TempDir())
+	cmd.Env = append(os.Environ(), "PATH=/usr/bin:"+os.Getenv("PATH"), "STASIS_CRIU="+os.Getenv("STASIS_CRIU"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("gpu-dataloader.sh: %v\n%s", err, out)
+	}
+	if n := strings.Count(string(out), "\nPASS "); n != 2 {
+		t.Fatalf("%d of 2 start methods passed:\n%s", n, out)
+	}
+	t.Logf("%s", out)
+}
+
 // TestEarlyCopyDropped checkpoints, with --dump-pages copy, a process
 // that rewrites every page of its memory without pause (busy.py), so that
 // the pages stasis copies while CRIU dumps have changed by the freeze: the
