@@ -3,6 +3,7 @@ package cli_test
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -249,4 +250,47 @@ func TestPreflightRefusesAStreamSocketOutside(t *testing.T) {
 		t.Fatalf("a refused checkpoint is listed: %+v", recs)
 	}
 	waitCounting(t, out, len(counts(t, out))+5)
+}
+
+// TestCheckpointJobLoggingOutside checkpoints a job whose datagram socket
+// is connected to a named socket outside its tree (as a job logging to
+// /dev/log): the preflight sets ext_unix_sk, the job is checkpointed with
+// no flags, and the restored job's socket is connected to that name again:
+// the reader outside gets its datagrams.
+func TestCheckpointJobLoggingOutside(t *testing.T) {
+	requireCRIU(t)
+	requirePython(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	path, out := filepath.Join(tmp, "log"), filepath.Join(tmp, "count")
+	sink, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	pid := startDetached(t, "python3", "testdata/dgram_logger.py", path, out)
+	waitCounting(t, out, 3)
+	id, plan := checkpointJSON(t, home, pid)
+	if by, _, why, ok := plan.option("ext_unix_sk"); !ok || by != "preflight" || why != fmt.Sprintf("PID %d (python3) has a datagram socket connected to %s, outside the tree", pid, path) {
+		t.Fatalf("ext_unix_sk: %q %q %v", by, why, ok)
+	}
+	waitGone(t, pid)
+	at := len(counts(t, out))
+	// What the job sent before the checkpoint: nothing sends now.
+	buf := make([]byte, 64)
+	for {
+		sink.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if _, err := sink.Read(buf); err != nil {
+			break
+		}
+	}
+	restorePID(t, home, id)
+	sink.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := sink.Read(buf)
+	if err != nil {
+		t.Fatalf("no datagram from the restored job: %v", err)
+	}
+	if got, err := strconv.Atoi(string(buf[:n])); err != nil || got <= at {
+		t.Fatalf("the restored job sent %q, want a count past %d", buf[:n], at)
+	}
+	consecutive(t, waitCounting(t, out, at+5))
 }
