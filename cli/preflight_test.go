@@ -3,6 +3,7 @@ package cli_test
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -215,4 +216,81 @@ func TestPreflightRefusesADeviceMapping(t *testing.T) {
 	if recs := list(t, home); len(recs) != 0 {
 		t.Fatalf("a refused checkpoint is listed: %+v", recs)
 	}
+}
+
+// TestPreflightRefusesAStreamSocketOutside checkpoints a job connected to
+// a unix stream server outside its tree: CRIU cannot dump one end of such a
+// connection, with any option, so the preflight refuses in one line (exit
+// 16) naming both processes, before CRIU runs (no log), and the job runs
+// on; --ext-unix-sk does not change that.
+func TestPreflightRefusesAStreamSocketOutside(t *testing.T) {
+	requireCRIU(t)
+	requirePython(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	sock, out := filepath.Join(tmp, "sock"), filepath.Join(tmp, "count")
+	server := startDetached(t, "python3", "testdata/unix_server.py", sock)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the unix server did not start")
+		}
+	}
+	pid := startDetached(t, "python3", "testdata/unix_client.py", sock, out)
+	waitCounting(t, out, 3)
+	for _, flags := range [][]string{nil, {"--ext-unix-sk"}} {
+		r := run(t, home, append([]string{"checkpoint", "--pid", strconv.Itoa(pid)}, flags...)...)
+		expectCode(t, r, cli.ExitRefused, fmt.Sprintf(`^stasis: cannot checkpoint: PID %d \(python3\) holds a unix stream socket \(socket:\[\d+\]\) whose other end PID %d \(python3\) holds, outside the tree; CRIU cannot dump one end of such a connection: checkpoint a tree that holds both ends, or close the connection first\n$`, pid, server))
+	}
+	if logs, _ := filepath.Glob(filepath.Join(home, "logs", "*")); len(logs) != 0 {
+		t.Fatalf("CRIU ran: %v", logs)
+	}
+	if recs := list(t, home); len(recs) != 0 {
+		t.Fatalf("a refused checkpoint is listed: %+v", recs)
+	}
+	waitCounting(t, out, len(counts(t, out))+5)
+}
+
+// TestCheckpointJobLoggingOutside checkpoints a job whose datagram socket
+// is connected to a named socket outside its tree (as a job logging to
+// /dev/log): the preflight sets ext_unix_sk, the job is checkpointed with
+// no flags, and the restored job's socket is connected to that name again:
+// the reader outside gets its datagrams.
+func TestCheckpointJobLoggingOutside(t *testing.T) {
+	requireCRIU(t)
+	requirePython(t)
+	home, tmp := t.TempDir(), t.TempDir()
+	path, out := filepath.Join(tmp, "log"), filepath.Join(tmp, "count")
+	sink, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	pid := startDetached(t, "python3", "testdata/dgram_logger.py", path, out)
+	waitCounting(t, out, 3)
+	id, plan := checkpointJSON(t, home, pid)
+	if by, _, why, ok := plan.option("ext_unix_sk"); !ok || by != "preflight" || why != fmt.Sprintf("PID %d (python3) has a datagram socket connected to %s, outside the tree", pid, path) {
+		t.Fatalf("ext_unix_sk: %q %q %v", by, why, ok)
+	}
+	waitGone(t, pid)
+	at := len(counts(t, out))
+	// What the job sent before the checkpoint: nothing sends now.
+	buf := make([]byte, 64)
+	for {
+		sink.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if _, err := sink.Read(buf); err != nil {
+			break
+		}
+	}
+	restorePID(t, home, id)
+	sink.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := sink.Read(buf)
+	if err != nil {
+		t.Fatalf("no datagram from the restored job: %v", err)
+	}
+	if got, err := strconv.Atoi(string(buf[:n])); err != nil || got <= at {
+		t.Fatalf("the restored job sent %q, want a count past %d", buf[:n], at)
+	}
+	consecutive(t, waitCounting(t, out, at+5))
 }

@@ -1,6 +1,7 @@
 # unix_client.py SOCKET OUT: connects to a unix socket served by a process
-# outside its tree, then counts into OUT every 20 ms. CRIU refuses to dump
-# such a connection unless told the peer is external (--ext-unix-sk).
+# outside its tree, then counts into OUT every 20 ms. CRIU cannot dump one
+# end of a stream connection (--ext-unix-sk takes only datagram peers): the
+# checkpoint's preflight refuses the tree.
 import socket
 import sys
 import time
