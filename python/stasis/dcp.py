@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from . import _api, _lib
+from . import _api, _lib, _state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,20 +163,50 @@ class Reader(StorageReader):
         for item in plan.items:
             by_rank.setdefault(self.storage_data[item.storage_index].rank, []).append(item)
         for rank, items in sorted(by_rank.items()):
-            part = _api.load(id=self.parts[rank], home=self.home, device="cpu")
-            for item in items:
-                name = self.storage_data[item.storage_index].name
-                if item.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(item, io.BytesIO(part["bytes"][name].numpy().tobytes()))
-                    continue
-                src = part["tensors"][name]
-                for dim, (off, length) in enumerate(zip(item.storage_offsets, item.lengths)):
-                    src = src.narrow(dim, off, length)
-                dst = planner.resolve_tensor(item).detach()
-                dst.copy_(src)
-                planner.commit_tensor(item, dst)
-            del part
+            self._read_part(self.parts[rank], items, planner)
         return _done(None)
+
+    def _read_part(self, part_id, items, planner):
+        """Loads what items ask of one part: a tensor an item takes whole,
+        into a destination of its dtype and shape, straight into it (on the
+        GPU through stasis's own path); the rest (a slice for a reshard,
+        DCP's pickled objects, what no item asks for) into host memory."""
+        s = _lib.store(self.home)
+        info = _api._find(s, None, None, part_id)
+        nodes = {tuple(path): node for path, node in _state.tensor_nodes(info["state"]["tree"])}
+        asked = {}
+        for item in items:
+            asked.setdefault(self.storage_data[item.storage_index].name, []).append(item)
+        into, direct = {"tensors": {}, "bytes": {}}, []
+        for (kind, name), node in nodes.items():
+            target = None
+            its = asked.get(name, [])
+            if kind == "tensors" and len(its) == 1 and its[0].type != LoadItemType.BYTE_IO:
+                item = its[0]
+                dst = planner.resolve_tensor(item).detach()
+                whole = all(o == 0 for o in item.storage_offsets) and list(item.lengths) == node["shape"]
+                if whole and dst.is_contiguous() and list(dst.shape) == node["shape"] and \
+                        str(dst.dtype).replace("torch.", "") == node["type"]:
+                    target = dst
+                    direct.append((item, dst))
+            into[kind][name] = target if target is not None else _api._allocate(node, "cpu")
+        _api.load(id=part_id, home=self.home, into=into)
+        done = {id(item) for item, _ in direct}
+        for item, dst in direct:
+            planner.commit_tensor(item, dst)
+        for item in items:
+            if id(item) in done:
+                continue
+            name = self.storage_data[item.storage_index].name
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, io.BytesIO(into["bytes"][name].numpy().tobytes()))
+                continue
+            src = into["tensors"][name]
+            for dim, (off, length) in enumerate(zip(item.storage_offsets, item.lengths)):
+                src = src.narrow(dim, off, length)
+            dst = planner.resolve_tensor(item).detach()
+            dst.copy_(src)
+            planner.commit_tensor(item, dst)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id):
