@@ -40,7 +40,7 @@ done
 [ ${#sizes[@]} -gt 0 ] || sizes=(1024 8192)
 [ "$(id -u)" -eq 0 ] || { echo "$0: CRIU needs root" >&2; exit 1; }
 
-stasis=$PWD/bin/stasis
+stasis=${STASIS_BIN:-$PWD/bin/stasis} # STASIS_BIN: another build, to compare
 criu_bin=${STASIS_CRIU:-$PWD/bin/criu}
 [ -x "$criu_bin" ] || criu_bin=$(command -v criu)
 export STASIS_CRIU=$criu_bin
