@@ -187,9 +187,25 @@ func (s *Store) findParts(job string, step int64, attempt string, seen map[strin
 	if err != nil {
 		return nil, err
 	}
+	// What the index says of a checkpoint spares reading its manifest:
+	// only the parts of this job checkpoint are read (for their hashes),
+	// and what the index does not list (written on another node sharing
+	// the store, or not listed yet).
+	recs, err := s.List(Filter{IncludeAll: true, Parts: true})
+	if err != nil {
+		return nil, err
+	}
+	indexed := make(map[string]bool, len(recs)) // ID: whether it may be a part of this job checkpoint
+	for _, r := range recs {
+		info, isPart := PartOf(r.Tags)
+		indexed[r.ID] = isPart && r.Kind == KindTensors && r.Job == job && r.Step == step && info.Attempt == attempt
+	}
 	out := map[int]*partOnDisk{}
 	for _, e := range ents {
 		id := e.Name()
+		if candidate, ok := indexed[id]; ok && !candidate {
+			continue // another checkpoint, as the index says
+		}
 		p, ok := seen[id]
 		if !ok {
 			m, data, err := s.readManifestFile(id)
