@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -55,6 +57,32 @@ type TransferOptions struct {
 // export; if files the export has not opened yet are deleted meanwhile,
 // it fails with an error wrapping ErrNotFound.
 func (s *Store) Export(ctx context.Context, id string, w io.Writer, o TransferOptions) (*Manifest, error) {
+	tw := tar.NewWriter(w)
+	m, err := s.exportOne(ctx, id, tw, o, true)
+	if err != nil {
+		return nil, err
+	}
+	if m.Kind == KindJob {
+		// A job checkpoint: its manifest first (it tells the reader what
+		// follows), then each rank's part in rank order; import commits
+		// the job checkpoint last.
+		jm, err := ReadJobMeta(m)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range jm.Parts {
+			if _, err := s.exportOne(ctx, p.ID, tw, o, false); err != nil {
+				return nil, fmt.Errorf("job checkpoint %s: rank %d's part: %w", id, p.Rank, err)
+			}
+		}
+	}
+	return m, tw.Close()
+}
+
+// exportOne writes checkpoint id's manifest and data files into tw. A job
+// checkpoint's parts are exported only through their job checkpoint
+// (first), and a part's manifest must be the one its job names.
+func (s *Store) exportOne(ctx context.Context, id string, tw *tar.Writer, o TransferOptions, first bool) (*Manifest, error) {
 	if _, err := uuid.Parse(id); err != nil {
 		return nil, fmt.Errorf("%w: %q is not a checkpoint ID", ErrNotFound, id)
 	}
@@ -82,13 +110,17 @@ func (s *Store) Export(ctx context.Context, id string, w io.Writer, o TransferOp
 	if err != nil {
 		return nil, err
 	}
-	if m.Kind == KindJob {
-		return nil, fmt.Errorf("%w: %s is a job checkpoint of several ranks; exporting one is not supported yet (export each rank's part: `stasis show %s` names them)", ErrInvalid, id, id)
+	if _, isPart := PartOf(m.Tags); isPart && first && m.Kind == KindTensors {
+		return nil, fmt.Errorf("%w: %s is one rank's part of a job checkpoint: export the job checkpoint (its parts go with it)", ErrInvalid, id)
 	}
-	if o.Manifest != nil {
+	if m.Kind == KindJob {
+		if _, _, err := s.JobParts(id); err != nil {
+			return nil, err
+		}
+	}
+	if o.Manifest != nil && first {
 		o.Manifest(m)
 	}
-	tw := tar.NewWriter(w)
 	header := func(name string, size int64) *tar.Header {
 		return &tar.Header{Typeflag: tar.TypeReg, Name: m.ID + "/" + name, Size: size, Mode: 0o600, ModTime: m.Created}
 	}
@@ -107,7 +139,7 @@ func (s *Store) Export(ctx context.Context, id string, w io.Writer, o TransferOp
 			return nil, err
 		}
 	}
-	return m, tw.Close()
+	return m, nil
 }
 
 // extentsInFileOrder returns a data file's chunk indexes in the order of
@@ -209,25 +241,7 @@ func (s *Store) openForExport(dir *os.File, id, name string) (*os.File, error) {
 func (s *Store) Import(ctx context.Context, r io.Reader, o TransferOptions) (*Record, error) {
 	counted := &countingReader{r: r, ctx: ctx}
 	tr := tar.NewReader(counted)
-	hdr, err := nextEntry(tr, 0)
-	if err != nil {
-		return nil, err
-	}
-	id, name, err := entryName(hdr.Name, 0)
-	if err != nil {
-		return nil, err
-	}
-	if name != manifestName {
-		return nil, badStream("entry 0 is %q; an export starts with <id>/manifest", hdr.Name)
-	}
-	if hdr.Size > maxManifestSize {
-		return nil, badStream("the manifest entry declares %d bytes, more than the %d a manifest may have", hdr.Size, maxManifestSize)
-	}
-	manifest := make([]byte, hdr.Size)
-	if _, err := io.ReadFull(tr, manifest); err != nil {
-		return nil, truncated(err, "in the manifest")
-	}
-	p, err := s.BeginImport(manifest)
+	p, entries, err := s.importOne(ctx, tr, 0, o)
 	if err != nil {
 		return nil, err
 	}
@@ -237,38 +251,28 @@ func (s *Store) Import(ctx context.Context, r io.Reader, o TransferOptions) (*Re
 			p.Abort()
 		}
 	}()
-	m := &p.Manifest
-	if id != m.ID {
-		return nil, badStream("the manifest is stored under %s/ but names checkpoint %s", id, m.ID)
-	}
-	if o.Manifest != nil {
-		o.Manifest(m)
-	}
-	for i, f := range m.Files {
-		hdr, err := nextEntry(tr, i+1)
+	if p.Manifest.Kind == KindJob {
+		// Its parts follow, each committed as it is complete (a part is
+		// never listed on its own: a stream cut here leaves parts that
+		// gc removes), and the job checkpoint is committed last.
+		jm, err := ReadJobMeta(&p.Manifest)
 		if err != nil {
 			return nil, err
 		}
-		entryID, name, err := entryName(hdr.Name, i+1)
-		if err != nil {
-			return nil, err
-		}
-		if entryID != m.ID || name != f.Name {
-			return nil, badStream("entry %d is %q; the manifest's data file %d is %s/%s", i+1, hdr.Name, i, m.ID, f.Name)
-		}
-		if hdr.Size != f.Size {
-			return nil, badStream("entry %s holds %d bytes; the manifest says %d", hdr.Name, hdr.Size, f.Size)
-		}
-		if err := importData(ctx, tr, f, p.Path(f.Name), o); err != nil {
-			return nil, err
-		}
-		// The extents tile the file, so nothing is left of the entry;
-		// a reader that disagreed would have it skipped unchecked.
-		if n, err := tr.Read(make([]byte, 1)); n != 0 || (err != nil && !errors.Is(err, io.EOF)) {
-			if err := ctx.Err(); err != nil {
+		for _, want := range jm.Parts {
+			pp, n, err := s.importOne(ctx, tr, entries, o)
+			if err != nil {
+				return nil, fmt.Errorf("job checkpoint %s: rank %d's part: %w", p.Manifest.ID, want.Rank, err)
+			}
+			entries += n
+			sum := sha256.Sum256(pp.imported)
+			if pp.Manifest.ID != want.ID || hex.EncodeToString(sum[:]) != want.ManifestSHA256 {
+				pp.Abort()
+				return nil, badStream("job checkpoint %s: rank %d's part is %s, not the part %s it names", p.Manifest.ID, want.Rank, pp.Manifest.ID, want.ID)
+			}
+			if _, err := pp.Commit(); err != nil {
 				return nil, err
 			}
-			return nil, badStream("entry %s holds more than its chunks' extents", hdr.Name)
 		}
 	}
 	if err := expectEnd(counted); err != nil {
@@ -280,6 +284,77 @@ func (s *Store) Import(ctx context.Context, r io.Reader, o TransferOptions) (*Re
 	rec, err := p.Commit()
 	committed = true // a failed Commit removes what it staged
 	return rec, err
+}
+
+// importOne reads one checkpoint of the stream, from entry first on (its
+// manifest, then its data files), into a staged Pending, verifying every
+// chunk; it returns the Pending, uncommitted, and the entries it read.
+func (s *Store) importOne(ctx context.Context, tr *tar.Reader, first int, o TransferOptions) (*Pending, int, error) {
+	hdr, err := nextEntry(tr, first)
+	if err != nil {
+		return nil, 0, err
+	}
+	id, name, err := entryName(hdr.Name, first)
+	if err != nil {
+		return nil, 0, err
+	}
+	if name != manifestName {
+		return nil, 0, badStream("entry %d is %q; a checkpoint of an export starts with <id>/manifest", first, hdr.Name)
+	}
+	if hdr.Size > maxManifestSize {
+		return nil, 0, badStream("the manifest entry declares %d bytes, more than the %d a manifest may have", hdr.Size, maxManifestSize)
+	}
+	manifest := make([]byte, hdr.Size)
+	if _, err := io.ReadFull(tr, manifest); err != nil {
+		return nil, 0, truncated(err, "in the manifest")
+	}
+	p, err := s.BeginImport(manifest)
+	if err != nil {
+		return nil, 0, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			p.Abort()
+		}
+	}()
+	m := &p.Manifest
+	if id != m.ID {
+		return nil, 0, badStream("the manifest is stored under %s/ but names checkpoint %s", id, m.ID)
+	}
+	if o.Manifest != nil && first == 0 {
+		o.Manifest(m)
+	}
+	for i, f := range m.Files {
+		n := first + i + 1
+		hdr, err := nextEntry(tr, n)
+		if err != nil {
+			return nil, 0, err
+		}
+		entryID, name, err := entryName(hdr.Name, n)
+		if err != nil {
+			return nil, 0, err
+		}
+		if entryID != m.ID || name != f.Name {
+			return nil, 0, badStream("entry %d is %q; the manifest's data file %d is %s/%s", n, hdr.Name, i, m.ID, f.Name)
+		}
+		if hdr.Size != f.Size {
+			return nil, 0, badStream("entry %s holds %d bytes; the manifest says %d", hdr.Name, hdr.Size, f.Size)
+		}
+		if err := importData(ctx, tr, f, p.Path(f.Name), o); err != nil {
+			return nil, 0, err
+		}
+		// The extents tile the file, so nothing is left of the entry;
+		// a reader that disagreed would have it skipped unchecked.
+		if n, err := tr.Read(make([]byte, 1)); n != 0 || (err != nil && !errors.Is(err, io.EOF)) {
+			if err := ctx.Err(); err != nil {
+				return nil, 0, err
+			}
+			return nil, 0, badStream("entry %s holds more than its chunks' extents", hdr.Name)
+		}
+	}
+	ok = true
+	return p, 1 + len(m.Files), nil
 }
 
 func badStream(format string, args ...any) error {

@@ -87,7 +87,35 @@ func TestJobCheckpointCommands(t *testing.T) {
 	if out := mustRun(t, home, "verify", id).stdout; !strings.Contains(out, "ok (3 ranks, 3 files") {
 		t.Errorf("verify: %s", out)
 	}
-	expectCode(t, run(t, home, "export", id, "-o", filepath.Join(t.TempDir(), "x.tar")), cli.ExitUsage, `is a job checkpoint of several ranks; exporting one is not supported yet`)
+	// Exported as one stream (the job manifest, then every part), imported
+	// elsewhere as one checkpoint; a part alone is not exported, and a
+	// stream cut after a part lists nothing.
+	stream := filepath.Join(t.TempDir(), "job.tar")
+	mustRun(t, home, "export", id, "-o", stream)
+	other := filepath.Join(t.TempDir(), "other")
+	if got := strings.TrimSpace(mustRun(t, other, "import", stream).stdout); !strings.HasSuffix(got, id) {
+		t.Fatalf("import printed %q, want %s", got, id)
+	}
+	if out := mustRun(t, other, "verify", id).stdout; !strings.Contains(out, "ok (3 ranks, 3 files") {
+		t.Errorf("verify of the import: %s", out)
+	}
+	if r := mustRun(t, other, "ls", "--json"); strings.Count(r.stdout, `"id"`) != 1 {
+		t.Errorf("the import lists %s", r.stdout)
+	}
+	expectCode(t, run(t, home, "export", js.Meta.Job.Parts[0].ID, "-o", filepath.Join(t.TempDir(), "part.tar")), cli.ExitUsage, `one rank's part of a job checkpoint: export the job checkpoint`)
+	whole, err := os.ReadFile(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := filepath.Join(t.TempDir(), "cut.tar")
+	if err := os.WriteFile(cut, whole[:len(whole)*2/3], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	third := filepath.Join(t.TempDir(), "third")
+	expectCode(t, run(t, third, "import", cut), cli.ExitBadStream, `rank \d.s part: not a valid stasis export stream`)
+	if r := mustRun(t, third, "ls", "--json"); strings.TrimSpace(r.stdout) != "[]" {
+		t.Errorf("a cut job stream lists %s", r.stdout)
+	}
 
 	// A part damaged: verify names it.
 	part := js.Meta.Job.Parts[1].ID
