@@ -109,6 +109,7 @@ var checks = []check{
 	{"device mappings", checkDeviceMappings},
 	{"files", checkFiles},
 	{"unix sockets", checkUnixSockets},
+	{"what no one can checkpoint", checkUncheckpointable},
 }
 
 // Preflight plans the checkpoint of tree with the options o (the user's
@@ -429,6 +430,49 @@ func fdLock(pid int, fd string) string {
 			return f[1] + " " + f[3]
 		}
 		return "file"
+	}
+	return ""
+}
+
+// checkUncheckpointable refuses what neither CRIU nor the CUDA driver can
+// take, before anything is locked: an io_uring (CRIU 4.1 stops on it,
+// "Unknown shit 600 (anon_inode:[io_uring])", after the GPU lock; NCCL
+// opens one), and a CUDA process that uses NCCL (the driver's checkpoint
+// does not support NCCL communicators; users of cuda-checkpoint report
+// hangs). The way out is the application path.
+func checkUncheckpointable(p *preflight) error {
+	const wayOut = "save the job's state from inside instead (stasis.save, or stasis.dcp under PyTorch's DCP), which the job resumes from"
+	for _, proc := range p.tree {
+		if what := ioUring(proc.PID); what != "" {
+			return fmt.Errorf("%w: %s holds an io_uring (%s), which CRIU cannot dump (NCCL opens one); %s", ErrRefused, p.name(proc.PID), what, wayOut)
+		}
+		if !p.cuda[proc.PID] {
+			continue
+		}
+		maps, _ := fileMappings(proc.PID)
+		for _, m := range maps {
+			if base := filepath.Base(m.Path); strings.HasPrefix(base, "libnccl") && strings.Contains(base, ".so") {
+				return fmt.Errorf("%w: %s uses NCCL (%s mapped), which the CUDA driver's checkpoint does not support; %s", ErrRefused, p.name(proc.PID), m.Path, wayOut)
+			}
+		}
+	}
+	return nil
+}
+
+// ioUring names an io_uring process pid holds open or mapped, or is "".
+func ioUring(pid int) string {
+	fdDir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
+	fds, _ := os.ReadDir(fdDir)
+	for _, fd := range fds {
+		if link, err := os.Readlink(filepath.Join(fdDir, fd.Name())); err == nil && link == "anon_inode:[io_uring]" {
+			return "descriptor " + fd.Name()
+		}
+	}
+	data, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "maps"))
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasSuffix(line, "[io_uring]") {
+			return "mapped at " + strings.SplitN(line, "-", 2)[0]
+		}
 	}
 	return ""
 }

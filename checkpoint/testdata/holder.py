@@ -9,6 +9,8 @@
 #   dgram:PATH       a datagram socket connected to the socket bound at PATH
 #   stream:PATH      a stream socket connected to the one listening at PATH
 #   device:PATH      a page of the device PATH (a block device) mapped
+#   io_uring:N       an io_uring of N entries (io_uring_setup), its rings mapped
+#   library:PATH     the file PATH mapped, as a shared library is
 import fcntl
 import mmap
 import os
@@ -50,6 +52,18 @@ for what in sys.argv[2:]:
         fd = os.open(arg, os.O_RDONLY)
         held.append(mmap.mmap(fd, 4096, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ))
         os.close(fd)
+    elif kind == "io_uring":
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        params = ctypes.create_string_buffer(120)  # struct io_uring_params, zeroed
+        fd = libc.syscall(425, int(arg), params)  # io_uring_setup (x86-64, arm64)
+        if fd < 0:
+            sys.exit("holder.py: io_uring_setup: errno %d" % ctypes.get_errno())
+        held.append(mmap.mmap(fd, 4096, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=0))
+        held.append(fd)
+    elif kind == "library":
+        with open(arg, "rb") as f:
+            held.append(mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ))
     else:
         sys.exit("holder.py: what is " + what)
 open(sys.argv[1], "w").close()
