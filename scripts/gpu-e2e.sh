@@ -125,5 +125,22 @@ else
 fi
 kill "$holder" 2>/dev/null
 
+# 7. A job with an NCCL process group (it holds an io_uring, and the
+#    driver's checkpoint does not support NCCL): refused before anything is
+#    locked (exit 16), and it runs on, its all-reduces right.
+log=$dir/nccl.log
+pid=$(sh -c "setsid python3 cli/testdata/nccl_job.py '$log' </dev/null >>'$log.err' 2>&1 & echo \$!")
+for _ in $(seq 300); do [ -s "$log" ] && break; sleep 0.2; done
+t0=$EPOCHREALTIME
+out=$("$stasis" checkpoint --pid "$pid" 2>&1); rc=$?
+took=$(awk "BEGIN { printf \"%.3f\", $EPOCHREALTIME - $t0 }")
+state=$("$stasis" cuda state --pid "$pid" 2>&1)
+if [ $rc -eq 16 ] && [[ "$state" == running* ]] && healthy "$log"; then
+	pass nccl-refused "exit 16 in ${took} s, state $state; $out; $(tail -1 "$log")"
+else
+	fail nccl-refused "rc=$rc state=$state: $out; $(tail -2 "$log") $(tail -2 "$log.err")"
+fi
+stop "$pid"
+
 echo "== $failures failed"
 exit $((failures > 0))
