@@ -214,10 +214,7 @@ func (s *Store) CommitJob(ctx context.Context, job string, step int64, p PartOpt
 // Job reads job's complete job checkpoint at step (its latest when step
 // < 0): its record and its parts, each checked against it.
 func (s *Store) Job(job string, step int64) (Record, *catalog.JobMeta, error) {
-	if err := catalog.ValidateJob(job); err != nil {
-		return Record{}, nil, err
-	}
-	recs, err := s.cat.List(catalog.Filter{Job: job})
+	recs, err := s.jobRecords(job)
 	if err != nil {
 		return Record{}, nil, err
 	}

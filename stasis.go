@@ -141,10 +141,7 @@ func (s *Store) List(job string) ([]Record, error) {
 // step < 0. Among checkpoints of the same step the newest wins; checkpoints
 // of other kinds (a process checkpoint of the same job) are passed over.
 func (s *Store) Find(job string, step int64) (Record, error) {
-	if err := catalog.ValidateJob(job); err != nil {
-		return Record{}, err
-	}
-	recs, err := s.cat.List(catalog.Filter{Job: job})
+	recs, err := s.jobRecords(job)
 	if err != nil {
 		return Record{}, err
 	}
@@ -165,10 +162,7 @@ func (s *Store) Find(job string, step int64) (Record, error) {
 // worldSize 0 takes the job checkpoint's; another than it is refused, as
 // is rank < 0 for a job checkpoint.
 func (s *Store) FindForRank(job string, step int64, rank, worldSize int) (Record, error) {
-	if err := catalog.ValidateJob(job); err != nil {
-		return Record{}, err
-	}
-	recs, err := s.cat.List(catalog.Filter{Job: job})
+	recs, err := s.jobRecords(job)
 	if err != nil {
 		return Record{}, err
 	}
@@ -198,6 +192,14 @@ func (s *Store) FindForRank(job string, step int64, rank, worldSize int) (Record
 		return Record{}, fmt.Errorf("%w: job %q has no complete tensors or job checkpoint", catalog.ErrNotFound, job)
 	}
 	return Record{}, fmt.Errorf("%w: job %q has no complete tensors or job checkpoint at step %d", catalog.ErrNotFound, job, step)
+}
+
+// jobRecords lists job's complete checkpoints, oldest step first.
+func (s *Store) jobRecords(job string) ([]Record, error) {
+	if err := catalog.ValidateJob(job); err != nil {
+		return nil, err
+	}
+	return s.cat.List(catalog.Filter{Job: job})
 }
 
 // Info describes a tensors checkpoint: its record, its tensors (without

@@ -3,6 +3,7 @@ package catalog
 import (
 	"errors"
 	"fmt"
+	"github.com/stasis-ckpt/stasis/internal/atomicfile"
 	"io"
 	"os"
 	"path/filepath"
@@ -140,17 +141,7 @@ func checkManifestFile(id, file string, data []byte) (*Manifest, []byte, error) 
 }
 
 // syncDir makes a directory's entries (new files, renames) durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", dir, err)
-	}
-	return nil
-}
+var syncDir = atomicfile.SyncDir
 
 // lockFile opens (creating) and flocks path exclusively. With wait false it
 // returns (nil, nil) when another process holds the lock. After locking it

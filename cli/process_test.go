@@ -714,6 +714,18 @@ func waitMemchecks(t *testing.T, out string, from int) int {
 	return 0
 }
 
+// startMemcheck starts testdata/memcheck.py (CRIU and Python needed) with
+// a new store, and returns the store, the file it writes its checks to,
+// its PID and how many checks it has written once both processes check.
+func startMemcheck(t *testing.T) (home, out string, pid, from int) {
+	t.Helper()
+	requireCRIU(t)
+	requirePython(t)
+	home, out = t.TempDir(), filepath.Join(t.TempDir(), "checks")
+	pid = startDetached(t, "python3", "testdata/memcheck.py", out)
+	return home, out, pid, waitMemchecks(t, out, 0)
+}
+
 // TestRestoreBringsBackEveryKindOfMemory checkpoints a parent and a child
 // holding memory of every kind (private anonymous pages random, zero,
 // nearly zero and untouched, shared copy-on-write with the child or
@@ -723,12 +735,7 @@ func waitMemchecks(t *testing.T, out string, from int) int {
 // memory can come back, and in a new PID namespace; both processes find
 // every byte as it was.
 func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
-	requireCRIU(t)
-	requirePython(t)
-	home := t.TempDir()
-	out := filepath.Join(t.TempDir(), "checks")
-	pid := startDetached(t, "python3", "testdata/memcheck.py", out)
-	from := waitMemchecks(t, out, 0)
+	home, out, pid, from := startMemcheck(t)
 	copied := func(args ...string) (id string, copied int64, used string) {
 		r := mustRun(t, home, append([]string{"checkpoint", "--json", "--pid", strconv.Itoa(pid)}, args...)...)
 		var rep struct {
@@ -813,12 +820,7 @@ func TestRestoreBringsBackEveryKindOfMemory(t *testing.T) {
 // of the tree is left), the error is one line with its own exit code; the
 // same checkpoint then restores right.
 func TestRestoreFailsOnWrongMemory(t *testing.T) {
-	requireCRIU(t)
-	requirePython(t)
-	home := t.TempDir()
-	out := filepath.Join(t.TempDir(), "checks")
-	pid := startDetached(t, "python3", "testdata/memcheck.py", out)
-	from := waitMemchecks(t, out, 0)
+	home, out, pid, from := startMemcheck(t)
 	id := checkpointPID(t, home, pid)
 	waitGone(t, pid)
 	before := len(memcheckLines(t, out))

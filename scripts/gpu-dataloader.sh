@@ -13,6 +13,7 @@
 # with few steps (TestDataLoaderScript), where Debian's PyTorch is there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/gpu-lib.sh # pass, fail, lines, gone
 
 steps=150
 methods="spawn forkserver fork"
@@ -32,17 +33,12 @@ done
 stasis=$PWD/bin/stasis
 export STASIS_HOME=$dir/store
 rm -rf "$dir"; mkdir -p "$dir"
-failures=0
-pass() { echo "PASS $1: $2"; }
-fail() { echo "FAIL $1: $2"; failures=$((failures + 1)); }
-lines() { if [ -e "$1" ]; then wc -l <"$1"; else echo 0; fi; }
-# start LOG METHOD: the job's PID (setsid in a subshell: init reaps it)
+# start LOG METHOD (gpu-lib.sh's start is for its own workload): the job's PID (setsid in a subshell: init reaps it)
 start() {
 	sh -c "setsid python3 cli/testdata/dataloader_train.py '$1' $steps $2 $device </dev/null >>'$1.err' 2>&1 & echo \$!"
 }
 # finish LOG: waits for the job to write its last step
 finish() { for _ in $(seq 1200); do [ -e "$1.done" ] && return 0; sleep 0.1; done; return 1; }
-gone() { for _ in $(seq 300); do [ -d /proc/$1 ] || return 0; sleep 0.1; done; return 1; }
 
 echo "== $(python3 -c 'import torch; print("torch", torch.__version__, "on", torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")') ${device:+($device)}, $steps steps"
 for method in $methods; do

@@ -1,4 +1,5 @@
-# Shared by the GPU scripts (gpu-e2e.sh, gpu-migrate.sh, bench-gpu.sh):
+# Shared by the GPU scripts (gpu-e2e.sh, gpu-migrate.sh, bench-gpu.sh,
+# gpu-dataloader.sh):
 # their options, and the self-checking PyTorch workload
 # (cli/testdata/gpu_workload.py) they run. Source it from the repository
 # root.
@@ -25,7 +26,7 @@ gpu_setup() {
 failures=0
 pass() { echo "PASS $1: $2"; }
 fail() { echo "FAIL $1: $2"; failures=$((failures + 1)); }
-lines() { wc -l <"$1" 2>/dev/null || echo 0; }
+lines() { if [ -e "$1" ]; then wc -l <"$1"; else echo 0; fi; }
 # healthy LOG: the workload logs new steps, all ok.
 healthy() {
 	local n; n=$(lines "$1")

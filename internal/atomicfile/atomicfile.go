@@ -51,7 +51,7 @@ func WriteFrom(path string, durable bool, write func(io.Writer) error) error {
 		err = linkIn(tmp, path)
 	}
 	if err == nil && durable {
-		err = syncDir(dir)
+		err = SyncDir(dir)
 	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
@@ -120,12 +120,13 @@ func writeNamed(path string, durable bool, write func(io.Writer) error) error {
 		os.Remove(tmp.Name())
 	}
 	if err == nil && durable {
-		err = syncDir(filepath.Dir(path))
+		err = SyncDir(filepath.Dir(path))
 	}
 	return err
 }
 
-func syncDir(dir string) error {
+// SyncDir makes a directory's entries (new files, renames) durable.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
