@@ -36,6 +36,12 @@ fi
 if ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
 	need+=(python3-torch)
 fi
+# SLURM (Debian's slurm-wlm: slurmctld, slurmd and the commands) and munge,
+# for the test that runs a real one-node SLURM (internal/slurmtest,
+# cli/slurm_test.go). Nothing is configured or started here: the test
+# writes its own configuration and starts the daemons itself.
+command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 || need+=(slurm-wlm)
+command -v munged >/dev/null 2>&1 || need+=(munge)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then
 		say "missing packages: ${need[*]}; install them as root (apt-get install ${need[*]})" >&2
