@@ -186,26 +186,26 @@ func (c *Cluster) Command(name string, args ...string) *exec.Cmd {
 	return cmd
 }
 
-// Run runs a SLURM command and returns its stdout, failing the test when
-// it fails.
-func (c *Cluster) Run(name string, args ...string) string {
-	c.t.Helper()
+// Run runs a SLURM command and returns its stdout, failing t when it
+// fails.
+func (c *Cluster) Run(t testing.TB, name string, args ...string) string {
+	t.Helper()
 	var stderr bytes.Buffer
 	cmd := c.Command(name, args...)
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		c.t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, stderr.String())
+		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, stderr.String())
 	}
 	return string(out)
 }
 
 // Job is what `scontrol show job` says about a job: JobState, Reason,
 // Restarts, ExitCode, ...
-func (c *Cluster) Job(id string) map[string]string {
-	c.t.Helper()
+func (c *Cluster) Job(t testing.TB, id string) map[string]string {
+	t.Helper()
 	fields := map[string]string{}
-	for _, f := range strings.Fields(c.Run("scontrol", "show", "job", "-o", id)) {
+	for _, f := range strings.Fields(c.Run(t, "scontrol", "show", "job", "-o", id)) {
 		if k, v, ok := strings.Cut(f, "="); ok {
 			fields[k] = v
 		}
@@ -214,22 +214,21 @@ func (c *Cluster) Job(id string) map[string]string {
 }
 
 // WaitJob waits (at most timeout) until ok accepts the job's state, and
-// returns it. It fails the test when the job ends in a state ok does not
-// accept.
-func (c *Cluster) WaitJob(id string, timeout time.Duration, what string, ok func(map[string]string) bool) map[string]string {
-	c.t.Helper()
+// returns it. It fails t when the job ends in a state ok does not accept.
+func (c *Cluster) WaitJob(t testing.TB, id string, timeout time.Duration, what string, ok func(map[string]string) bool) map[string]string {
+	t.Helper()
 	var job map[string]string
 	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		job = c.Job(id)
+		job = c.Job(t, id)
 		if ok(job) {
 			return job
 		}
 		switch job["JobState"] {
 		case "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "DEADLINE":
-			c.t.Fatalf("job %s ended %s (exit %s, reason %s) while waiting for %s", id, job["JobState"], job["ExitCode"], job["Reason"], what)
+			t.Fatalf("job %s ended %s (exit %s, reason %s) while waiting for %s", id, job["JobState"], job["ExitCode"], job["Reason"], what)
 		}
 	}
-	c.t.Fatalf("job %s: no %s within %v (state %s, reason %s)", id, what, timeout, job["JobState"], job["Reason"])
+	t.Fatalf("job %s: no %s within %v (state %s, reason %s)", id, what, timeout, job["JobState"], job["Reason"])
 	return nil
 }
 
