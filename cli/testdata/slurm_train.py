@@ -23,9 +23,10 @@ SLURM signals every process of a job step (--signal without B:, scancel
 without --batch): this process gets SIGUSR1 too, besides `stasis run`, and
 must not die of it. stasis run's notice file says what to do.
 
-The checkpoint calls are save_state and load_state: per-rank jobs today
-(J-rank0..3, one `stasis run` each); a job-level checkpoint across ranks
-changes those two functions only.
+The checkpoint calls are save_state and load_state: per-rank jobs
+(NAME-rank0..3, one `stasis run` each, each a world of one); a job-level
+checkpoint across the ranks changes those two functions (and needs `stasis
+run` to watch for a job checkpoint; docs/slurm.md).
 """
 
 import os
@@ -65,11 +66,16 @@ def replay(steps):
 
 
 def save_state(state, step):
-    stasis.save(state, job=JOB, step=step, blocking=True)
+    # Each rank is a job of its own (JOB is NAME-rankR): a world of one.
+    # Without rank= and world_size=, stasis.save takes the rank and world
+    # size from $SLURM_PROCID and $SLURM_NTASKS, and would save a part of a
+    # job checkpoint of 4 ranks that the other ranks never join.
+    stasis.save(state, job=JOB, step=step, blocking=True, rank=0, world_size=1)
 
 
 def load_state():
-    return stasis.load(job=JOB), stasis.resume_step()
+    # What stasis run resumes the rank from.
+    return stasis.load(id=stasis.resume_id()), stasis.resume_step()
 
 
 def check(state, step, what):
