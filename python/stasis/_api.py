@@ -158,8 +158,11 @@ def prepare(state, home=None):
 
 def _world(rank, world_size):
     """(rank, world size) of this process: as given, else torch.distributed's
-    when it is initialized, else $RANK and $WORLD_SIZE (torchrun), else
-    $SLURM_PROCID and $SLURM_NTASKS (srun); (None, None) for one process."""
+    when it is initialized, else $RANK and $WORLD_SIZE (torchrun); (None,
+    None) for one process. srun's $SLURM_PROCID and $SLURM_NTASKS are not
+    read: tasks of one srun may well be independent jobs, each saving its
+    own checkpoint (a training script sets RANK and WORLD_SIZE from them
+    when its ranks are one job)."""
     if rank is not None or world_size is not None:
         if rank is None or world_size is None:
             raise TypeError("give rank= and world_size= together")
@@ -167,9 +170,8 @@ def _world(rank, world_size):
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    for r, w in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
-        if os.environ.get(r) and os.environ.get(w):
-            return int(os.environ[r]), int(os.environ[w])
+    if os.environ.get("RANK") and os.environ.get("WORLD_SIZE"):
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     return None, None
 
 
@@ -225,7 +227,7 @@ def save(state, job, step, blocking=False, wait_if_busy=True, home=None, compres
     pipeline whatever the path.
 
     In a job of several ranks (rank= and world_size=, else taken from
-    torch.distributed, $RANK/$WORLD_SIZE or $SLURM_PROCID/$SLURM_NTASKS),
+    torch.distributed or $RANK/$WORLD_SIZE),
     each rank saves its own part and the checkpoint is one job checkpoint
     of every rank's part, listed only once all are durable: rank 0, after
     its own part, waits up to part_timeout seconds (default 600) for the
