@@ -72,14 +72,19 @@ func TestZdtm(t *testing.T) {
 }
 
 // subset is what `make test` runs: tests that pass by hand here, chosen to
-// cover the kinds of memory (private, shared, file-backed and memfd
-// mappings, SysV shm, the stack of a signal), threads and futexes, files,
-// pipes, sockets and locks, in a few minutes.
+// cover the kinds of memory (private and shared anonymous, file-backed,
+// memfd and shmem-backed mappings, copy-on-write pages shared with a
+// child, mprotect'ed and userfaultfd ranges, the stack of a signal), threads
+// and futexes, files, pipes and FIFOs, sockets, locks, timers and a zombie,
+// in about a minute. (SysV shm is tested by zdtm in a namespace of its own
+// only: shm and shm-unaligned are not of the host flavour.)
 var subset = []string{
-	"maps00", "maps01", "maps02", "maps04", "mprotect00", "memfd00", "memfd02", "memfd03",
-	"shm", "shm-unaligned", "futex", "futex-rl", "file_fown", "pipe00", "pipe01",
-	"sockets00", "socket_listen", "env00", "cmdlinenv00", "pthread00", "sigaltstack",
-	"file_locks00", "file_shared", "zombie00", "session00", "vdso01", "write_read00",
+	"maps00", "maps01", "maps02", "maps04", "maps05", "mprotect00", "cow00",
+	"memfd00", "memfd02", "memfd03", "shmemfd", "uffd-events",
+	"futex", "futex-rl", "pthread00", "sigaltstack", "fpu00", "vdso01",
+	"file_fown", "file_shared", "unlink_fstat00", "file_locks00", "write_read00",
+	"pipe00", "pipe02", "fifo", "sockets00", "socket_queues", "sk-unix-rel",
+	"env00", "cmdlinenv00", "posix_timers", "zombie00",
 }
 
 // fillBug: restore's default, --pages fill, never writes the pages of
@@ -87,17 +92,31 @@ var subset = []string{
 // Remove these entries with the fix.
 const fillBug = "known failing: issue #22 fill bug (restore --pages fill never writes shared anonymous or memfd pages)"
 
-// knownFailing names the tests that pass by hand but not through stasis,
-// and why.
+// fillCOW: --pages fill writes each process's private memory on its own,
+// so pages a parent and its child share copy-on-write come back as two
+// copies (the data is right; the sharing that cow00 and cow01 check is
+// lost). Both pass with --pages stream.
+const fillCOW = "known failing: restore --pages fill does not keep private pages shared copy-on-write between a parent and its child"
+
+// knownFailing names the tests that pass by hand but not through stasis's
+// defaults, and why; a known failure that passes fails the run (remove its
+// entry). Tests that need a CRIU option stasis has no flag for (a .desc's
+// --link-remap, --ghost-limit, --manage-cgroups...) are known failures of
+// their own, named in the report.
 var knownFailing = map[string]string{
-	"maps00":    fillBug,
-	"memfd00":   fillBug,
-	"memfd02":   fillBug,
-	"memfd03":   fillBug,
-	"memfd04":   fillBug,
-	"memfd05":   fillBug,
-	"futex-rl":  fillBug,
-	"file_fown": fillBug,
+	"maps00":       fillBug,
+	"maps01":       fillBug,
+	"memfd00":      fillBug,
+	"memfd02":      fillBug,
+	"memfd03":      fillBug,
+	"memfd04":      fillBug,
+	"memfd05":      fillBug,
+	"futex-rl":     fillBug,
+	"file_fown":    fillBug,
+	"shmemfd":      fillBug,
+	"shmemfd-priv": fillBug,
+	"cow00":        fillCOW,
+	"cow01":        fillCOW,
 }
 
 // stasisFlags are the stasis checkpoint flags for CRIU options a .desc asks
@@ -284,11 +303,12 @@ func (r result) judge(t *testing.T) {
 		if r.flags.ran {
 			why += fmt.Sprintf("; with flags: %s at %s: %s", r.flags, r.flags.stage, r.flags.reason)
 		}
-		if r.flagsNote != "" {
-			why += "; " + r.flagsNote
-		}
 		if r.known != "" {
 			t.Skipf("%s; %s", r.known, why)
+		}
+		if r.flagsNote != "" {
+			// Not a fault of what stasis does, but what it lacks.
+			t.Skipf("known failing: %s; %s", r.flagsNote, why)
 		}
 		t.Fatalf("passes by hand but not %s", why)
 	}
@@ -310,10 +330,6 @@ func (s *suite) test(t *testing.T, name string, all bool) result {
 	if !r.byHand.pass {
 		return r
 	}
-	r.plain = s.once(t, name, d, throughStasis, nil)
-	if r.plain.pass || r.plain.stage != "checkpoint" && r.plain.stage != "restore" {
-		return r
-	}
 	var flags, missing []string
 	for _, o := range append(append(append([]string{}, d.Opts...), d.DumpOpts...), d.RestoreOpts...) {
 		if !strings.HasPrefix(o, "--") {
@@ -328,7 +344,8 @@ func (s *suite) test(t *testing.T, name string, all bool) result {
 	if len(missing) > 0 {
 		r.flagsNote = "stasis has no flag for " + strings.Join(missing, " ")
 	}
-	if len(flags) > 0 {
+	r.plain = s.once(t, name, d, throughStasis, nil)
+	if !r.plain.pass && r.plain.stage != "start" && len(flags) > 0 {
 		r.flags = s.once(t, name, d, throughStasis, flags)
 	}
 	return r
@@ -411,6 +428,7 @@ func (s *suite) once(t *testing.T, name string, d zdtm.Desc, how way, flags []st
 		o.took = time.Since(begin)
 		procs.killLeftovers(pid)
 		s.hook(name, "--clean")
+		unmountUnder(s.dir)
 		s.make(name+".cleanout", nil, startTimeout)
 	}()
 
@@ -514,7 +532,43 @@ func (s *suite) verdict(name string, pid int, o outcome) outcome {
 		}
 	}
 	o.stage, o.reason = "check", oneLine(lastLines(string(out), 3))
+	// The test's own words for what it found wrong, where it said.
+	var said []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, "FAIL:") || strings.Contains(line, "ERR:") {
+			said = append(said, line)
+		}
+	}
+	if len(said) > 0 {
+		o.reason = oneLine(strings.Join(said[:min(len(said), 2)], "\n"))
+	}
 	return o
+}
+
+// unmountUnder detaches what a test left mounted in dir (cgroup file
+// systems: zdtm.py runs its tests in a mount namespace that goes with
+// them, these run in this one).
+func unmountUnder(dir string) {
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var points []string
+	for _, line := range strings.Split(string(info), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		// Spaces and the like are octal escapes (\040).
+		mp, err := strconv.Unquote(`"` + strings.ReplaceAll(f[4], `"`, `\"`) + `"`)
+		if err == nil && strings.HasPrefix(mp, dir+"/") {
+			points = append(points, mp)
+		}
+	}
+	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	for _, mp := range points {
+		unix.Unmount(mp, unix.MNT_DETACH)
+	}
 }
 
 // make runs make for target in the tests' directory (zdtm.py's way of
