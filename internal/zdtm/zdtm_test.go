@@ -446,7 +446,11 @@ func (s *suite) once(t *testing.T, name string, d zdtm.Desc, how way, flags []st
 		timeout = time.Duration(d.Timeout) * time.Second
 	}
 	if out, err := s.make(name+".pid", env, timeout); err != nil {
-		return fail("start", fmt.Sprintf("make %s.pid: %v: %s", name, err, lastLines(out, 3)))
+		why := fmt.Sprintf("make %s.pid: %v", name, err)
+		if said := s.said(name); said != "" {
+			return fail("start", why+": "+said)
+		}
+		return fail("start", why+": "+lastLines(out, 3))
 	}
 	data, err := os.ReadFile(filepath.Join(s.dir, name+".pid"))
 	if err != nil {
@@ -455,10 +459,11 @@ func (s *suite) once(t *testing.T, name string, d zdtm.Desc, how way, flags []st
 	if pid, err = strconv.Atoi(strings.TrimSpace(string(data))); err != nil || !alive(pid) {
 		return fail("start", fmt.Sprintf("%s.pid holds %q, not a running process", name, data))
 	}
-	if err := s.hook(name, "--post-start"); err != nil {
+	hookEnv := []string{"ZDTM_TEST_PID=" + strconv.Itoa(pid)}
+	if err := s.hook(name, "--post-start", hookEnv...); err != nil {
 		return fail("hook", err.Error())
 	}
-	if err := s.hook(name, "--pre-dump"); err != nil {
+	if err := s.hook(name, "--pre-dump", hookEnv...); err != nil {
 		return fail("hook", err.Error())
 	}
 
@@ -489,7 +494,10 @@ func (s *suite) once(t *testing.T, name string, d zdtm.Desc, how way, flags []st
 	if !gone(pid, stopTimeout) {
 		return fail("dump", fmt.Sprintf("PID %d still runs after the dump", pid))
 	}
-	if err := s.hook(name, "--pre-restore"); err != nil {
+	if how == byHand {
+		hookEnv = append(hookEnv, "ZDTM_IMG_DIR="+work)
+	}
+	if err := s.hook(name, "--pre-restore", hookEnv...); err != nil {
 		return fail("hook", err.Error())
 	}
 	var restoreErr error
@@ -503,7 +511,7 @@ func (s *suite) once(t *testing.T, name string, d zdtm.Desc, how way, flags []st
 	if restoreErr != nil {
 		return fail("restore", restoreErr.Error())
 	}
-	if err := s.hook(name, "--post-restore"); err != nil {
+	if err := s.hook(name, "--post-restore", hookEnv...); err != nil {
 		return fail("hook", err.Error())
 	}
 	return s.verdict(name, pid, o)
@@ -532,17 +540,23 @@ func (s *suite) verdict(name string, pid int, o outcome) outcome {
 		}
 	}
 	o.stage, o.reason = "check", oneLine(lastLines(string(out), 3))
-	// The test's own words for what it found wrong, where it said.
+	if said := s.said(name); said != "" {
+		o.reason = said
+	}
+	return o
+}
+
+// said returns the test's own words for what went wrong (its first FAIL
+// and ERR lines in X.out), or "".
+func (s *suite) said(name string) string {
+	out, _ := os.ReadFile(filepath.Join(s.dir, name+".out"))
 	var said []string
 	for _, line := range strings.Split(string(out), "\n") {
 		if strings.Contains(line, "FAIL:") || strings.Contains(line, "ERR:") {
 			said = append(said, line)
 		}
 	}
-	if len(said) > 0 {
-		o.reason = oneLine(strings.Join(said[:min(len(said), 2)], "\n"))
-	}
-	return o
+	return oneLine(strings.Join(said[:min(len(said), 2)], "\n"))
 }
 
 // unmountUnder detaches what a test left mounted in dir (cgroup file
@@ -601,8 +615,10 @@ func cleanEnv() []string {
 	return env
 }
 
-// hook runs the test's hook script for stage, if it has one.
-func (s *suite) hook(name, stage string) error {
+// hook runs the test's hook script for stage, if it has one, as zdtm.py
+// does: from test/ (hooks find CRIU's Python library as ../lib), with the
+// test's PID and, by hand, the images directory in the environment.
+func (s *suite) hook(name, stage string, env ...string) error {
 	h := filepath.Join(s.dir, name+".hook")
 	if !executable(h) {
 		return nil
@@ -610,7 +626,8 @@ func (s *suite) hook(name, stage string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, h, stage)
-	cmd.Dir = s.dir
+	cmd.Dir = filepath.Join(s.dir, "..", "..")
+	cmd.Env = append(cleanEnv(), env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := procs.run(cmd); err != nil {
