@@ -594,6 +594,9 @@ func (s *suite) make(target string, env []string, timeout time.Duration) (string
 	cmd.Env = append(cleanEnv(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return unix.Kill(-cmd.Process.Pid, unix.SIGKILL) }
+	// The test daemonizes: should it keep make's output open, Wait
+	// returns all the same.
+	cmd.WaitDelay = 5 * time.Second
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := procs.run(cmd)
@@ -626,6 +629,9 @@ func (s *suite) hook(name, stage string, env ...string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, h, stage)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return unix.Kill(-cmd.Process.Pid, unix.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
 	cmd.Dir = filepath.Join(s.dir, "..", "..")
 	cmd.Env = append(cleanEnv(), env...)
 	var out bytes.Buffer
