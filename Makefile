@@ -9,16 +9,18 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 # instead of 14 (docs/benchmarks.md).
 LDFLAGS := -s -w -X github.com/stasis-ckpt/stasis/cli.Version=$(VERSION)
 
-.PHONY: all deps build test fuzz bench clean
+.PHONY: all deps build test zdtm fuzz bench clean
 
 all: deps build
 
 # Debian packages the tests use, the Go modules (scripts/install-deps.sh),
-# and a CRIU >= 4.0: the distribution's, or one built into bin/criu
-# (scripts/install-criu.sh).
+# a CRIU >= 4.0: the distribution's, or one built into bin/criu
+# (scripts/install-criu.sh), and CRIU's own tests, built once into a cache
+# outside the repository (scripts/zdtm-build.sh).
 deps:
 	./scripts/install-deps.sh
 	./scripts/install-criu.sh
+	./scripts/zdtm-build.sh
 
 # bin/stasis, and the library for training loops: bin/libstasis.so (the C
 # ABI of capi/stasis.h, which the Python package in python/ loads).
@@ -32,6 +34,16 @@ test: build
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
 	$(GO) test -count=1 ./...
+
+# CRIU's own static tests, all of them (`make test` runs a subset), by hand
+# with CRIU and through stasis: the counts and a line per test are printed
+# and kept in build/zdtm-report.txt (docs/testing.md).
+zdtm: build
+	./scripts/zdtm-build.sh
+	@mkdir -p build
+	STASIS_ZDTM=all STASIS_ZDTM_REPORT=$(CURDIR)/build/zdtm-report.txt \
+		$(GO) test -count=1 -timeout 2h -run '^TestZdtm$$' ./internal/zdtm; \
+		status=$$?; cat build/zdtm-report.txt; exit $$status
 
 # A short run of every fuzzer (the seed corpora also run in `make test`).
 fuzz:

@@ -6,16 +6,15 @@
 # enough. In order of preference:
 #   1. a criu >= 4.0 already on PATH (or bin/criu built earlier): nothing to do;
 #   2. the distribution's criu package, if its candidate is >= 4.0;
-#   3. CRIU 4.1.1 built from Debian trixie's source tarball (its SHA-256 is
-#      pinned below and matches trixie's signed Sources index) into bin/criu.
+#   3. CRIU 4.1.1 built from Debian trixie's source tarball (fetched and
+#      checked against its pinned SHA-256 by fetch-criu-source.sh) into
+#      bin/criu.
 # stasis looks for criu in $STASIS_CRIU, then next to its own binary
 # (bin/criu), then on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CRIU_VERSION=4.1.1
-CRIU_TARBALL=criu_${CRIU_VERSION}.orig.tar.xz
-CRIU_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
+CRIU_VERSION=4.1.1 # the version fetch-criu-source.sh pins
 BUILD_DIR=build/criu
 DEST=bin/criu
 
@@ -61,26 +60,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 	apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-mkdir -p "$BUILD_DIR"
-tarball="$BUILD_DIR/$CRIU_TARBALL"
-if ! echo "$CRIU_SHA256  $tarball" | sha256sum -c --status 2>/dev/null; then
-	# Fetch the tarball with apt from trixie's source index, through a
-	# private source list: the system's apt configuration is not touched.
-	apt_dir=$(mktemp -d)
-	trap 'rm -rf "$apt_dir"' EXIT
-	mkdir -p "$apt_dir/lists/partial" "$apt_dir/parts"
-	echo "deb-src http://deb.debian.org/debian trixie main" >"$apt_dir/sources.list"
-	apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o "Dir::Etc::SourceParts=$apt_dir/parts"
-		-o "Dir::State::Lists=$apt_dir/lists")
-	apt-get "${apt_opts[@]}" update -qq
-	# The .dsc is sometimes missing from the mirror while the tarball is
-	# there; apt then fails after fetching what it could.
-	(cd "$BUILD_DIR" && apt-get "${apt_opts[@]}" source --download-only criu >/dev/null 2>&1) || true
-	if ! echo "$CRIU_SHA256  $tarball" | sha256sum -c --status; then
-		say "could not fetch $CRIU_TARBALL with the expected SHA-256" >&2
-		exit 1
-	fi
-fi
+tarball=$(./scripts/fetch-criu-source.sh "$BUILD_DIR")
 
 src="$BUILD_DIR/criu-$CRIU_VERSION"
 rm -rf "$src"

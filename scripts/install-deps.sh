@@ -42,6 +42,13 @@ fi
 # writes its own configuration and starts the daemons itself.
 command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 || need+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || need+=(munge)
+# CRIU's own tests (zdtm-build.sh builds them, internal/zdtm runs them):
+# make, a C compiler, xz for the source tarball, and the libraries they link
+# (libaio for aio00, libnl-route for netns_sub_veth, protobuf-c for
+# criu-rtc.so), needed even where CRIU itself comes from the distribution.
+for p in make gcc pkgconf xz-utils libaio-dev libcap-dev libnl-3-dev libnl-route-3-dev libprotobuf-c-dev protobuf-c-compiler; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
+done
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then
 		say "missing packages: ${need[*]}; install them as root (apt-get install ${need[*]})" >&2
