@@ -87,11 +87,6 @@ var subset = []string{
 	"env00", "cmdlinenv00", "posix_timers", "zombie00",
 }
 
-// fillBug: restore's default, --pages fill, never writes the pages of
-// shared anonymous and memfd mappings (being fixed in restore/fill.go).
-// Remove these entries with the fix.
-const fillBug = "known failing: issue #22 fill bug (restore --pages fill never writes shared anonymous or memfd pages)"
-
 // fillCOW: --pages fill writes each process's private memory on its own,
 // so pages a parent and its child share copy-on-write come back as two
 // copies (the data is right; the sharing that cow00 and cow01 check is
@@ -104,19 +99,8 @@ const fillCOW = "known failing: restore --pages fill does not keep private pages
 // --link-remap, --ghost-limit, --manage-cgroups...) are known failures of
 // their own, named in the report.
 var knownFailing = map[string]string{
-	"maps00":       fillBug,
-	"maps01":       fillBug,
-	"memfd00":      fillBug,
-	"memfd02":      fillBug,
-	"memfd03":      fillBug,
-	"memfd04":      fillBug,
-	"memfd05":      fillBug,
-	"futex-rl":     fillBug,
-	"file_fown":    fillBug,
-	"shmemfd":      fillBug,
-	"shmemfd-priv": fillBug,
-	"cow00":        fillCOW,
-	"cow01":        fillCOW,
+	"cow00": fillCOW,
+	"cow01": fillCOW,
 }
 
 // stasisFlags are the stasis checkpoint flags for CRIU options a .desc asks
