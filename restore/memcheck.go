@@ -245,10 +245,13 @@ func (mm *memoryMap) runs(hostPID func(int) (int, error)) ([]pageRun, checked, e
 				addr = stop
 			}
 		}
-		// Shared memory, where this process maps it.
+		// Shared memory, where this process maps it shared (a private
+		// mapping of a memfd shows the process's own copies of the
+		// pages it wrote, which its pagemap holds).
 		for _, v := range p.vmas {
 			shmid, ok := uint64(0), false
 			switch {
+			case v.GetFlags()&unix.MAP_SHARED == 0:
 			case v.GetStatus()&criu.VMAMemfd != 0:
 				var s uint32
 				s, ok = mm.memfdShmid[uint32(v.GetShmid())]

@@ -103,6 +103,15 @@ var knownFailing = map[string]string{
 	"cow01": fillCOW,
 }
 
+// preflightChooses names the crfail tests whose dump fails by hand for
+// want of a CRIU option that stasis's preflight chooses from what the test
+// holds: through stasis they are checkpointed, restored and checked like
+// any other test.
+var preflightChooses = map[string]string{
+	"file_locks00_fail":   "file_locks, for the lock the test holds",
+	"ghost_holes_large01": "ghost_limit, sized from the unlinked file the test holds",
+}
+
 // stasisFlags are the stasis checkpoint flags for CRIU options a .desc asks
 // for; the rest have no stasis flag.
 var stasisFlags = map[string]string{
@@ -465,7 +474,7 @@ func (s *suite) once(t *testing.T, name string, d zdtm.Desc, how way, flags []st
 			id = lastLine(out)
 		}
 	}
-	if d.Flag("crfail") {
+	if d.Flag("crfail") && !(how == throughStasis && preflightChooses[name] != "") {
 		if dumpErr == nil {
 			return fail(map[way]string{byHand: "dump", throughStasis: "checkpoint"}[how], "the dump succeeded where the test's .desc says it must fail (crfail)")
 		}
