@@ -434,26 +434,18 @@ func fdLock(pid int, fd string) string {
 	return ""
 }
 
-// checkUncheckpointable refuses what neither CRIU nor the CUDA driver can
-// take, before anything is locked: an io_uring (CRIU 4.1 stops on it,
-// "Unknown shit 600 (anon_inode:[io_uring])", after the GPU lock; NCCL
-// opens one), and a CUDA process that uses NCCL (the driver's checkpoint
-// does not support NCCL communicators; users of cuda-checkpoint report
-// hangs). The way out is the application path.
+// checkUncheckpointable refuses what CRIU cannot take, before anything is
+// locked: an io_uring (CRIU 4.1 stops on it, "Unknown shit 600
+// (anon_inode:[io_uring])", after the GPU lock). A PyTorch job with an
+// NCCL process group holds one (seen with NCCL 2.28), and the driver's
+// checkpoint does not support NCCL communicators; NCCL's library alone is
+// no sign of one: every PyTorch CUDA process maps it. The way out is the
+// application path.
 func checkUncheckpointable(p *preflight) error {
 	const wayOut = "save the job's state from inside instead (stasis.save, or stasis.dcp under PyTorch's DCP), which the job resumes from"
 	for _, proc := range p.tree {
 		if what := ioUring(proc.PID); what != "" {
-			return fmt.Errorf("%w: %s holds an io_uring (%s), which CRIU cannot dump (NCCL opens one); %s", ErrRefused, p.name(proc.PID), what, wayOut)
-		}
-		if !p.cuda[proc.PID] {
-			continue
-		}
-		maps, _ := fileMappings(proc.PID)
-		for _, m := range maps {
-			if base := filepath.Base(m.Path); strings.HasPrefix(base, "libnccl") && strings.Contains(base, ".so") {
-				return fmt.Errorf("%w: %s uses NCCL (%s mapped), which the CUDA driver's checkpoint does not support; %s", ErrRefused, p.name(proc.PID), m.Path, wayOut)
-			}
+			return fmt.Errorf("%w: %s holds an io_uring (%s), which CRIU cannot dump (an NCCL process group opens one); %s", ErrRefused, p.name(proc.PID), what, wayOut)
 		}
 	}
 	return nil

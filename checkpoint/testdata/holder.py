@@ -10,7 +10,6 @@
 #   stream:PATH      a stream socket connected to the one listening at PATH
 #   device:PATH      a page of the device PATH (a block device) mapped
 #   io_uring:N       an io_uring of N entries (io_uring_setup), its rings mapped
-#   library:PATH     the file PATH mapped, as a shared library is
 import fcntl
 import mmap
 import os
@@ -61,9 +60,6 @@ for what in sys.argv[2:]:
             sys.exit("holder.py: io_uring_setup: errno %d" % ctypes.get_errno())
         held.append(mmap.mmap(fd, 4096, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=0))
         held.append(fd)
-    elif kind == "library":
-        with open(arg, "rb") as f:
-            held.append(mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ))
     else:
         sys.exit("holder.py: what is " + what)
 open(sys.argv[1], "w").close()
