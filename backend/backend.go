@@ -25,6 +25,11 @@ type Backend interface {
 	// Location names the backend for people (s3://bucket/prefix), never
 	// with a credential.
 	Location() string
+	// Check asks the engine whether the bucket (or place) is there and
+	// the credentials are taken, before anything is written: ErrNoBucket,
+	// ErrAuth, ErrUnreachable. (Some engines, SeaweedFS among them,
+	// create a bucket on the first PUT into it, where AWS S3 refuses.)
+	Check(ctx context.Context) error
 	// Save stores size bytes from r under key. With ifAbsent, it fails
 	// with ErrExists when key already holds an object (where the engine
 	// offers conditional writes; otherwise it checks first). meta is

@@ -32,13 +32,14 @@ type Config struct {
 	// URL is s3://bucket/prefix, or s3+http://bucket/prefix to ask for
 	// plain HTTP.
 	URL string
-	// Endpoint is the engine's address (https://host:port, or host:port);
-	// when empty, AWS_ENDPOINT_URL_S3, then AWS_ENDPOINT_URL, then AWS S3
-	// itself (s3.amazonaws.com).
+	// Endpoint is the engine's address (https://host:port, or host:port),
+	// used where neither AWS_ENDPOINT_URL_S3 nor AWS_ENDPOINT_URL is set
+	// (the environment wins, as with every AWS tool); with none of them,
+	// AWS S3 itself (s3.amazonaws.com).
 	Endpoint string
-	// Region; when empty, AWS_REGION, then AWS_DEFAULT_REGION, then
-	// us-east-1 for an endpoint of one's own (AWS S3: asked of the
-	// bucket).
+	// Region, where neither AWS_REGION nor AWS_DEFAULT_REGION is set;
+	// with none, us-east-1 for an endpoint of one's own (AWS S3: asked
+	// of the bucket).
 	Region string
 	// Profile of ~/.aws/credentials, when AWS_PROFILE is not set.
 	Profile string
@@ -93,7 +94,7 @@ func Open(cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	insecure := plainHTTP || cfg.Insecure
-	endpoint := firstOf(cfg.Endpoint, os.Getenv("AWS_ENDPOINT_URL_S3"), os.Getenv("AWS_ENDPOINT_URL"))
+	endpoint := firstOf(os.Getenv("AWS_ENDPOINT_URL_S3"), os.Getenv("AWS_ENDPOINT_URL"), cfg.Endpoint)
 	own := endpoint != ""
 	if !own {
 		endpoint = "s3.amazonaws.com"
@@ -118,7 +119,7 @@ func Open(cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("%w: endpoint %q: use https:// (or http:// with s3+http://)", backend.ErrConfig, endpoint)
 		}
 	}
-	region := firstOf(cfg.Region, os.Getenv("AWS_REGION"), os.Getenv("AWS_DEFAULT_REGION"))
+	region := firstOf(os.Getenv("AWS_REGION"), os.Getenv("AWS_DEFAULT_REGION"), cfg.Region)
 	if region == "" && own {
 		region = "us-east-1"
 	}
@@ -169,6 +170,23 @@ func (b *Backend) haveCredentials() error {
 	v, err := b.client.GetCreds()
 	if err != nil || v.AccessKeyID == "" || v.SecretAccessKey == "" {
 		return fmt.Errorf("%w: no S3 credentials found for %s: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws/credentials (AWS_PROFILE)", backend.ErrAuth, b.location)
+	}
+	return nil
+}
+
+// Check fails with ErrNoBucket when the bucket does not exist (HEAD on
+// the bucket), and as every operation does for refused credentials or an
+// engine that does not answer.
+func (b *Backend) Check(ctx context.Context) error {
+	if err := b.haveCredentials(); err != nil {
+		return err
+	}
+	ok, err := b.client.BucketExists(ctx, b.bucket)
+	if err != nil {
+		return b.wrap(err, "")
+	}
+	if !ok {
+		return fmt.Errorf("%w: bucket %s does not exist on the endpoint %s: create it (or correct the remote's bucket)", backend.ErrNoBucket, b.bucket, b.client.EndpointURL().Host)
 	}
 	return nil
 }
