@@ -396,3 +396,25 @@ func TestRemoteFaults(t *testing.T) {
 		sameRemoteTree(t, src, out)
 	})
 }
+
+// TestRemoteProcessRestoreOnNodeB: a process checkpoint taken on node A
+// is pushed; node B, which names the remote in its config.toml only,
+// restores it by ID (pulling it first), and the counter goes on from
+// where it stopped.
+func TestRemoteProcessRestoreOnNodeB(t *testing.T) {
+	requireCRIU(t)
+	srv := s3test.Start(t)
+	remoteURL := srv.Remote("procs")
+	nodeA, nodeB := t.TempDir(), t.TempDir()
+	_, id, out, atDump := checkpointedCounter(t, nodeA, "--job", "counter", "--step", "3")
+	mustS3(t, srv, nodeA, "push", id, "--remote", remoteURL)
+	if err := os.WriteFile(filepath.Join(nodeB, "config.toml"), []byte("remote = \""+remoteURL+"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := mustS3(t, srv, nodeB, "restore", id)
+	if !strings.Contains(r.stderr, "pulling it from") {
+		t.Fatalf("restore on node B did not say it pulled: %q", r.stderr)
+	}
+	restoredPID(t, r)
+	consecutive(t, waitCounting(t, out, atDump+10))
+}
