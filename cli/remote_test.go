@@ -219,12 +219,18 @@ func sampleTreeSmall(t *testing.T) string {
 // holdS3 starts stasis held at crash point point; release lets it go on
 // and returns its result.
 func holdS3(t *testing.T, srv *s3test.Server, home, point string, args ...string) (release func() result) {
+	release, _ = holdS3Cmd(t, srv, home, point, args...)
+	return release
+}
+
+// holdS3Cmd is holdS3 that also returns the held process.
+func holdS3Cmd(t *testing.T, srv *s3test.Server, home, point string, args ...string) (release func() result, cmd *exec.Cmd) {
 	t.Helper()
 	fifo := filepath.Join(t.TempDir(), "hold")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(stasisBin, args...)
+	cmd = exec.Command(stasisBin, args...)
 	cmd.Env = append(append(os.Environ(), srv.Env()...), "STASIS_HOME="+home, "STASIS_HOLD_AT="+point+":"+fifo)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -252,7 +258,7 @@ func holdS3(t *testing.T, srv *s3test.Server, home, point string, args ...string
 			code = ee.ExitCode()
 		}
 		return result{code: code, stdout: out.String(), stderr: errb.String()}
-	}
+	}, cmd
 }
 
 func TestRemoteFaults(t *testing.T) {
@@ -364,6 +370,23 @@ func TestRemoteFaults(t *testing.T) {
 		mustS3(t, srv, nodeB, "pull", id, "--remote", remoteURL)
 		mustS3(t, srv, nodeB, "verify", id)
 		mustS3(t, srv, nodeB, "rm", id)
+	})
+
+	t.Run("SIGTERM during a pull", func(t *testing.T) {
+		release, cmd := holdS3Cmd(t, srv, nodeB, "pull-mid-data", "pull", id, "--remote", remoteURL)
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		r := release()
+		if r.code != cli.ExitInterrupted {
+			t.Fatalf("exit %d, want %d: %s", r.code, cli.ExitInterrupted, r.stderr)
+		}
+		if r := mustS3(t, srv, nodeB, "ls", "--json"); strings.TrimSpace(r.stdout) != "[]" {
+			t.Fatalf("an interrupted pull listed %s", r.stdout)
+		}
+		if ents, _ := os.ReadDir(filepath.Join(nodeB, "staging")); len(ents) != 0 {
+			t.Fatalf("an interrupted pull left %d entries in staging/", len(ents))
+		}
 	})
 
 	t.Run("object corrupted on the server", func(t *testing.T) {

@@ -197,7 +197,10 @@ func (b *Backend) Save(ctx context.Context, key string, r io.Reader, size int64,
 	if err := b.haveCredentials(); err != nil {
 		return err
 	}
-	opts := minio.PutObjectOptions{UserMetadata: meta, ContentType: "application/octet-stream", PartSize: partSize}
+	// Parts of a larger object go up uploadThreads at a time, each read
+	// into a buffer of its own first (uploadThreads x partSize of memory).
+	opts := minio.PutObjectOptions{UserMetadata: meta, ContentType: "application/octet-stream", PartSize: partSize,
+		NumThreads: uploadThreads, ConcurrentStreamParts: true}
 	if ifAbsent {
 		if _, err := b.Stat(ctx, key); err == nil {
 			return fmt.Errorf("%w: %s/%s", backend.ErrExists, b.location, key)
@@ -212,7 +215,10 @@ func (b *Backend) Save(ctx context.Context, key string, r io.Reader, size int64,
 
 // partSize is what an upload is cut into: larger objects go as multipart
 // uploads of parts this size.
-const partSize = 16 << 20
+const (
+	partSize      = 16 << 20
+	uploadThreads = 4
+)
 
 // Load reads a range of an object.
 func (b *Backend) Load(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
