@@ -202,11 +202,12 @@ func remoteID(c *ucli.Context, b backend.Backend, id string) (string, error) {
 }
 
 // openSelectedPulling is openSelected for load and restore: a checkpoint
-// named by ID that this store lacks is pulled first from the remote,
-// where one is configured.
+// named by ID that this store lacks, or the latest of a job of which this
+// store has none, is pulled first from the remote, where one is
+// configured.
 func (e *env) openSelectedPulling(c *ucli.Context) (*catalog.Store, catalog.Record, error) {
 	s, rec, err := openSelected(c)
-	if err == nil || !errors.Is(err, catalog.ErrNotFound) || c.Bool("latest") || c.Args().Len() != 1 {
+	if err == nil || !errors.Is(err, catalog.ErrNotFound) || s == nil {
 		return s, rec, err
 	}
 	url, _, cerr := remoteURL(c, s)
@@ -217,8 +218,28 @@ func (e *env) openSelectedPulling(c *ucli.Context) (*catalog.Store, catalog.Reco
 	if oerr != nil {
 		return nil, catalog.Record{}, oerr
 	}
-	fmt.Fprintf(e.stderr, "stasis: %s is not in this store: pulling it from %s\n", c.Args().First(), b.Location())
-	res, perr := e.pull(c, s, b, c.Args().First())
+	id := c.Args().First()
+	if c.Bool("latest") {
+		ents, lerr := remote.List(c.Context, b, false, nil)
+		if lerr != nil {
+			return nil, catalog.Record{}, lerr
+		}
+		var latest *remote.Entry
+		for i, en := range ents {
+			if en.Job != c.String("job") {
+				continue
+			}
+			if latest == nil || en.Step > latest.Step || (en.Step == latest.Step && en.Created.After(latest.Created)) {
+				latest = &ents[i]
+			}
+		}
+		if latest == nil {
+			return nil, catalog.Record{}, fmt.Errorf("%w: job %s has no checkpoint here nor on %s", catalog.ErrNotFound, c.String("job"), b.Location())
+		}
+		id = latest.ID
+	}
+	fmt.Fprintf(e.stderr, "stasis: %s is not in this store: pulling it from %s\n", id, b.Location())
+	res, perr := e.pull(c, s, b, id)
 	if perr != nil {
 		return nil, catalog.Record{}, perr
 	}

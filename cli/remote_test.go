@@ -171,6 +171,16 @@ func TestRemotePushPullAcrossHomes(t *testing.T) {
 	}
 	sameRemoteTree(t, src, out)
 
+	// Node D has no checkpoint of the job: --job J --latest takes the
+	// remote's latest.
+	nodeD := t.TempDir()
+	out = filepath.Join(t.TempDir(), "restored-d")
+	r = runS3(t, srv, nodeD, []string{"STASIS_REMOTE=" + remoteURL}, "load", "--job", "llama", "--latest", "--to", out)
+	if r.code != 0 || !strings.Contains(r.stderr, id+" is not in this store") {
+		t.Fatalf("load --job --latest on node D: exit %d: %s", r.code, r.stderr)
+	}
+	sameRemoteTree(t, src, out)
+
 	// push --all sends what is missing only.
 	id2 := save(t, nodeA, "llama", 1300, sampleTreeSmall(t))
 	r = mustS3(t, srv, nodeA, "push", "--all", "--remote", remoteURL, "--json")
