@@ -157,7 +157,12 @@ func (e *env) pull(c *ucli.Context, s *catalog.Store, b backend.Backend, id stri
 	if err != nil {
 		return nil, err
 	}
-	res, err := remote.Pull(c.Context, s, b, full, remote.Options{})
+	var bar *progressBar
+	res, err := remote.Pull(c.Context, s, b, full, remote.Options{
+		Total:    func(n int64) { bar = newProgress(e.progress, e.stderr, "pull", n) },
+		Progress: func(n int64) { bar.Add(n) },
+	})
+	bar.Finish()
 	if err != nil {
 		return nil, err
 	}

@@ -53,6 +53,9 @@ func sha256Hex(b []byte) string {
 
 // Options for Push and Pull.
 type Options struct {
+	// Total, when set, is called once a pull has read the manifest, with
+	// the stored bytes to come (to size a progress bar).
+	Total func(storedBytes int64)
 	// Progress, when set, is called with stored byte counts as they move.
 	Progress func(storedBytes int64)
 }
@@ -271,6 +274,9 @@ func Pull(ctx context.Context, s *catalog.Store, b backend.Backend, id string, o
 		return nil, err
 	}
 	res := &PullResult{Remote: b.Location()}
+	if o.Total != nil {
+		o.Total(catalog.RecordOf(m).StoredBytes)
+	}
 	if m.Kind == catalog.KindJob {
 		jm, err := catalog.ReadJobMeta(m)
 		if err != nil {
