@@ -303,6 +303,28 @@ func TestRemoteFaults(t *testing.T) {
 		expectCode(t, r, cli.ExitUsage, `plain HTTP`)
 	})
 
+	t.Run("another manifest under the ID", func(t *testing.T) {
+		id3 := save(t, nodeA, "gpt", 9, sampleTreeSmall(t))
+		key := "faults/checkpoints/" + id3 + "/manifest"
+		other := []byte("stasis-manifest 1 sha256=0000\n{}\n")
+		if _, err := srv.Client().PutObject(context.Background(), srv.Bucket, key, bytes.NewReader(other), int64(len(other)), minio.PutObjectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		r := runS3(t, srv, nodeA, nil, "push", id3, "--remote", remoteURL)
+		expectCode(t, r, cli.ExitExists, `differs from this store's; nothing was overwritten`)
+		obj, err := srv.Client().GetObject(context.Background(), srv.Bucket, key, minio.GetObjectOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		if _, err := buf.ReadFrom(obj); err != nil || !bytes.Equal(buf.Bytes(), other) {
+			t.Fatalf("the manifest there was overwritten (%v)", err)
+		}
+		if err := srv.Client().RemoveObject(context.Background(), srv.Bucket, key, minio.RemoveObjectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("server killed mid-upload", func(t *testing.T) {
 		release := holdS3(t, srv, nodeA, "push-mid-data", "push", id, "--remote", remoteURL)
 		srv.Kill()
