@@ -44,6 +44,14 @@ if ! command -v go >/dev/null 2>&1; then
 fi
 
 mkdir -p "$dest"
+# One build at a time into this cache (two makes at once wait here; the
+# second then finds the binary).
+exec 9>"$dest/.lock"
+flock 9
+if [ -x "$weed" ] && "$weed" version >/dev/null 2>&1; then
+	say "$weed is there: nothing to do"
+	exit 0
+fi
 say "downloading $SEAWEEDFS_MODULE@$SEAWEEDFS_VERSION"
 moddir=$(go mod download -json "$SEAWEEDFS_MODULE@$SEAWEEDFS_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 if [ -z "$moddir" ] || [ ! -d "$moddir" ]; then
