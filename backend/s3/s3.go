@@ -160,9 +160,6 @@ func firstOf(vals ...string) string {
 // Location is s3://bucket/prefix (s3+http:// for plain HTTP).
 func (b *Backend) Location() string { return b.location }
 
-// Bucket is the bucket's name.
-func (b *Backend) Bucket() string { return b.bucket }
-
 func (b *Backend) key(k string) string { return b.prefix + k }
 
 // haveCredentials fails with ErrAuth when no provider found any.
@@ -339,14 +336,6 @@ func (b *Backend) AbortUpload(ctx context.Context, u backend.Upload) error {
 		return nil
 	}
 	return err
-}
-
-// MakeBucket creates the bucket (for tests and first setups).
-func (b *Backend) MakeBucket(ctx context.Context) error {
-	if err := b.haveCredentials(); err != nil {
-		return err
-	}
-	return b.wrap(b.client.MakeBucket(ctx, b.bucket, minio.MakeBucketOptions{}), "")
 }
 
 // wrap turns minio-go's and the network's errors into one line wrapping
