@@ -24,6 +24,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/minio/minio-go/v7/pkg/s3utils"
 	"github.com/stasis-ckpt/stasis/backend"
 )
 
@@ -78,6 +79,9 @@ func ParseURL(raw string) (bucket, prefix string, plainHTTP bool, err error) {
 	bucket = u.Host
 	if bucket == "" {
 		return "", "", false, fmt.Errorf("%w: remote %q names no bucket", backend.ErrConfig, raw)
+	}
+	if err := s3utils.CheckValidBucketName(bucket); err != nil {
+		return "", "", false, fmt.Errorf("%w: remote %q: %v", backend.ErrConfig, raw, err)
 	}
 	prefix = strings.Trim(u.Path, "/")
 	if prefix != "" && (path.Clean(prefix) != prefix || strings.Contains("/"+prefix+"/", "/../")) {

@@ -32,6 +32,7 @@ func TestParseURL(t *testing.T) {
 		{url: "s3+http://ckpt/x", bucket: "ckpt", prefix: "x", plain: true},
 		{url: "https://ckpt/x", bad: "use s3://"},
 		{url: "s3:///x", bad: "names no bucket"},
+		{url: "s3://b/x", bad: "shorter than 3"},
 		{url: "s3://ckpt/a/../b", bad: "clean path"},
 		{url: "s3://AKIAKEY:supersecret@ckpt/x", bad: "credentials come from"},
 	} {
@@ -52,21 +53,21 @@ func TestParseURL(t *testing.T) {
 // asks for plain HTTP (s3+http://, or Insecure); TLS is the default.
 func TestTLSUnlessAsked(t *testing.T) {
 	clearAWS(t)
-	if _, err := Open(Config{URL: "s3://b/p", Endpoint: "http://127.0.0.1:9"}); !errors.Is(err, backend.ErrConfig) || !strings.Contains(err.Error(), "plain HTTP") {
+	if _, err := Open(Config{URL: "s3://bkt/p", Endpoint: "http://127.0.0.1:9"}); !errors.Is(err, backend.ErrConfig) || !strings.Contains(err.Error(), "plain HTTP") {
 		t.Fatalf("an http endpoint for s3://: %v", err)
 	}
-	for _, cfg := range []Config{{URL: "s3+http://b/p", Endpoint: "http://127.0.0.1:9"}, {URL: "s3://b/p", Endpoint: "http://127.0.0.1:9", Insecure: true}} {
+	for _, cfg := range []Config{{URL: "s3+http://bkt/p", Endpoint: "http://127.0.0.1:9"}, {URL: "s3://bkt/p", Endpoint: "http://127.0.0.1:9", Insecure: true}} {
 		b, err := Open(cfg)
-		if err != nil || b.Location() != "s3+http://b/p" {
+		if err != nil || b.Location() != "s3+http://bkt/p" {
 			t.Fatalf("%+v: %v", cfg, err)
 		}
 	}
-	b, err := Open(Config{URL: "s3://b/p", Endpoint: "127.0.0.1:9"})
-	if err != nil || b.Location() != "s3://b/p" || b.client.EndpointURL().Scheme != "https" {
+	b, err := Open(Config{URL: "s3://bkt/p", Endpoint: "127.0.0.1:9"})
+	if err != nil || b.Location() != "s3://bkt/p" || b.client.EndpointURL().Scheme != "https" {
 		t.Fatalf("a bare endpoint: %v", err)
 	}
 	t.Setenv("AWS_ENDPOINT_URL", "https://env.example:443")
-	if b, err := Open(Config{URL: "s3://b", Endpoint: "https://config.example"}); err != nil || b.client.EndpointURL().Host != "env.example:443" {
+	if b, err := Open(Config{URL: "s3://bkt", Endpoint: "https://config.example"}); err != nil || b.client.EndpointURL().Host != "env.example:443" {
 		t.Fatalf("AWS_ENDPOINT_URL does not win over the configuration: %v", err)
 	}
 }
@@ -75,7 +76,7 @@ func TestTLSUnlessAsked(t *testing.T) {
 // ErrAuth before a request is sent.
 func TestNoCredentials(t *testing.T) {
 	clearAWS(t)
-	b, err := Open(Config{URL: "s3+http://b/p", Endpoint: "http://127.0.0.1:9"})
+	b, err := Open(Config{URL: "s3+http://bkt/p", Endpoint: "http://127.0.0.1:9"})
 	if err != nil {
 		t.Fatal(err)
 	}
