@@ -473,3 +473,28 @@ func TestRemoteProcessRestoreOnNodeB(t *testing.T) {
 	restoredPID(t, r)
 	consecutive(t, waitCounting(t, out, atDump+10))
 }
+
+// TestRemoteServerFull: an engine with no room left for data (SeaweedFS
+// told to keep more free space than the disk has: its volumes go
+// read-only) fails the push with one line, exit 20, no manifest object
+// on the remote, the local copy intact; once it has room again, the
+// same push completes.
+func TestRemoteServerFull(t *testing.T) {
+	srv := s3test.Start(t, "-volume.minFreeSpace=1000000GiB")
+	remoteURL := srv.Remote("full")
+	nodeA := t.TempDir()
+	id := save(t, nodeA, "gpt", 1, sampleTreeSmall(t))
+	r := runS3(t, srv, nodeA, nil, "push", id, "--remote", remoteURL)
+	expectCode(t, r, cli.ExitUnreachable, `the engine answered 5\d\d`)
+	if keys := remoteObjects(t, srv, "full/"); hasManifest(keys, id) {
+		t.Fatalf("a failed push left a manifest: %v", keys)
+	}
+	mustS3(t, srv, nodeA, "verify", id)
+	srv.Kill()
+	srv.Args = nil
+	srv.Restart()
+	mustS3(t, srv, nodeA, "push", id, "--remote", remoteURL)
+	if keys := remoteObjects(t, srv, "full/"); !hasManifest(keys, id) {
+		t.Fatalf("the retried push left %v", keys)
+	}
+}

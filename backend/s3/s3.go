@@ -371,13 +371,21 @@ func (b *Backend) wrap(err error, key string) error {
 		return fmt.Errorf("%w: %s (endpoint %s): %s", backend.ErrUnreachable, where, b.client.EndpointURL().Host, oneLine(rootCause(err)))
 	}
 	if resp.StatusCode >= 500 {
-		return fmt.Errorf("%w: %s: the engine answered %d %s (%s)", backend.ErrUnreachable, where, resp.StatusCode, resp.Code, oneLine(resp.Message))
+		return engineFailed{fmt.Sprintf("the object store failed the request: %s: the engine answered %d %s (%s; an engine out of disk space answers so too): run the command again once it is mended",
+			where, resp.StatusCode, resp.Code, oneLine(resp.Message))}
 	}
 	if resp.Code != "" {
 		return fmt.Errorf("%s: %s (%s)", where, resp.Code, oneLine(resp.Message))
 	}
 	return fmt.Errorf("%s: %s", where, oneLine(err.Error()))
 }
+
+// engineFailed is an engine's 5xx answer: counted as ErrUnreachable (a
+// retry later may work), said as what it is.
+type engineFailed struct{ msg string }
+
+func (e engineFailed) Error() string        { return e.msg }
+func (e engineFailed) Is(target error) bool { return target == backend.ErrUnreachable }
 
 // unreachable says whether err is the network failing: refused, reset,
 // closed early, timed out, not resolved.

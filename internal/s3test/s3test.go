@@ -63,6 +63,8 @@ type Server struct {
 	Dir      string // its data
 	Endpoint string // http://127.0.0.1:PORT, the S3 gateway
 	Bucket   string // created at start
+	// Args are added to weed server's command line at each (re)start.
+	Args []string
 
 	t     testing.TB
 	weed  string
@@ -72,15 +74,16 @@ type Server struct {
 	log   string
 }
 
-// Start starts a weed server with an S3 gateway and creates a bucket;
-// the test's cleanup stops it. It skips the test where weed is missing.
-func Start(t testing.TB) *Server {
+// Start starts a weed server with an S3 gateway (args added to its
+// command line) and creates a bucket; the test's cleanup stops it. It
+// skips the test where weed is missing.
+func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	weed, err := Weed()
 	if err != nil {
 		t.Skip(err.Error())
 	}
-	s := &Server{t: t, weed: weed, Dir: t.TempDir(), Bucket: "stasis-test", ports: map[string]int{}}
+	s := &Server{t: t, weed: weed, Dir: t.TempDir(), Bucket: "stasis-test", Args: args, ports: map[string]int{}}
 	for _, name := range []string{"master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc", "debug"} {
 		s.ports[name] = freePort(t)
 	}
@@ -133,6 +136,7 @@ func (s *Server) Restart() {
 		"-s3", "-s3.port=" + p("s3"), "-s3.port.grpc=" + p("s3.grpc"), "-s3.config=" + filepath.Join(s.Dir, "s3.json"),
 		"-s3.port.iceberg=0", "-s3.port.lance=0", "-debug.port=" + p("debug"),
 	}
+	args = append(args, s.Args...)
 	if err := os.MkdirAll(filepath.Join(s.Dir, "data"), 0o700); err != nil {
 		s.t.Fatal(err)
 	}
