@@ -15,12 +15,16 @@ all: deps build
 
 # Debian packages the tests use, the Go modules (scripts/install-deps.sh),
 # a CRIU >= 4.0: the distribution's, or one built into bin/criu
-# (scripts/install-criu.sh), and CRIU's own tests, built once into a cache
-# outside the repository (scripts/zdtm-build.sh).
+# (scripts/install-criu.sh), CRIU's own tests, built once into a cache
+# outside the repository (scripts/zdtm-build.sh), and SeaweedFS's weed, the
+# S3 engine the object-store tests run against, built once into a cache
+# outside the repository (scripts/install-seaweedfs.sh; several minutes the
+# first time).
 deps:
 	./scripts/install-deps.sh
 	./scripts/install-criu.sh
 	./scripts/zdtm-build.sh
+	./scripts/install-seaweedfs.sh
 
 # bin/stasis, and the library for training loops: bin/libstasis.so (the C
 # ABI of capi/stasis.h, which the Python package in python/ loads).

@@ -103,6 +103,8 @@ func (e *env) app() *ucli.App {
 			e.verifyCommand(),
 			e.exportCommand(),
 			e.importCommand(),
+			e.pushCommand(),
+			e.pullCommand(),
 			e.rmCommand(),
 			e.pruneCommand(),
 			e.gcCommand(),

@@ -18,6 +18,8 @@ func (e *env) lsCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "job", Usage: "only this job"},
 			&ucli.BoolFlag{Name: "json", Usage: "print a JSON array"},
 			&ucli.BoolFlag{Name: "all", Usage: "also list checkpoints being removed"},
+			&ucli.BoolFlag{Name: "remote", Usage: "also list the checkpoints on the remote object store (config.toml's remote, or --remote-url), with where each lives"},
+			&ucli.StringFlag{Name: "remote-url", Usage: "the object store for --remote: s3://bucket/prefix", EnvVars: []string{"STASIS_REMOTE"}},
 		},
 		Action: func(c *ucli.Context) error {
 			if err := noArgs(c); err != nil {
@@ -39,6 +41,9 @@ func (e *env) lsCommand() *ucli.Command {
 			if len(missing) > 0 {
 				fmt.Fprintf(e.stderr, "stasis: warning: %d complete checkpoints are not in the catalog and not listed here (%s): run `stasis gc` to list them\n",
 					len(missing), strings.Join(missing, ", "))
+			}
+			if c.Bool("remote") {
+				return e.lsRemote(c, s, recs)
 			}
 			if c.Bool("json") {
 				if recs == nil {
@@ -194,7 +199,11 @@ func (e *env) gcCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:  "gc",
 		Usage: "remove what crashed saves left behind and repair the catalog",
-		Flags: []ucli.Flag{&ucli.BoolFlag{Name: "json", Usage: "print the report as JSON"}},
+		Flags: []ucli.Flag{&ucli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
+			&ucli.BoolFlag{Name: "remote", Usage: "clean the remote object store instead: interrupted multipart uploads and objects of checkpoints without a manifest, older than --grace"},
+			&ucli.StringFlag{Name: "remote-url", Usage: "the object store for --remote: s3://bucket/prefix", EnvVars: []string{"STASIS_REMOTE"}},
+			&ucli.DurationFlag{Name: "grace", Value: time.Hour, Usage: "with --remote: leave what is younger than this (a push may be under way)"},
+		},
 		Action: func(c *ucli.Context) error {
 			if err := noArgs(c); err != nil {
 				return err
@@ -202,6 +211,9 @@ func (e *env) gcCommand() *ucli.Command {
 			s, err := openStore(c)
 			if err != nil {
 				return err
+			}
+			if c.Bool("remote") {
+				return e.gcRemote(c, s)
 			}
 			rep, err := s.GC()
 			if err != nil {

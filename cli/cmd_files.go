@@ -66,9 +66,10 @@ func (e *env) loadCommand() *ucli.Command {
 		ArgsUsage: "ID | --job J --latest",
 		Flags: append(selectorFlags(),
 			&ucli.StringFlag{Name: "to", Required: true, Usage: "the directory to load into (must not exist or be empty)"},
+			remoteFlag(),
 		),
 		Action: func(c *ucli.Context) error {
-			s, rec, err := openSelected(c)
+			s, rec, err := e.openSelectedPulling(c)
 			if err != nil {
 				return err
 			}

@@ -138,9 +138,10 @@ func (e *env) restoreCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "pages", Value: string(restore.PagesFill), Usage: "how the memory comes back: fill (CRIU restores file mappings and the like, stasis writes the private anonymous memory into the rebuilt tree on every core before it runs), stream (the memory images streamed to CRIU as they are verified) or unpack (every image verified into a scratch directory before CRIU runs); a bad chunk always stops the restore and nothing of the tree runs"},
 			&ucli.BoolFlag{Name: "verify-first", Usage: "the same as --pages unpack"},
 			&ucli.BoolFlag{Name: "json", Usage: "print the PID and timings as JSON"},
+			remoteFlag(),
 		), hookFlags(hooks.PostRestore)...),
 		Action: func(c *ucli.Context) error {
-			s, rec, err := openSelected(c)
+			s, rec, err := e.openSelectedPulling(c)
 			if err != nil {
 				return err
 			}

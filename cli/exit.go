@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 
+	"github.com/stasis-ckpt/stasis/backend"
 	"github.com/stasis-ckpt/stasis/catalog"
 	"github.com/stasis-ckpt/stasis/checkpoint"
 	"github.com/stasis-ckpt/stasis/criu"
@@ -12,6 +13,7 @@ import (
 	"github.com/stasis-ckpt/stasis/fileset"
 	"github.com/stasis-ckpt/stasis/gdswriter"
 	"github.com/stasis-ckpt/stasis/hooks"
+	"github.com/stasis-ckpt/stasis/remote"
 	"github.com/stasis-ckpt/stasis/restore"
 	"golang.org/x/sys/unix"
 )
@@ -38,6 +40,9 @@ const (
 	ExitIncomplete  = 17  // a job checkpoint's ranks did not all commit their part in time; nothing was listed
 	ExitUnsafe      = 18  // the store, its config.toml or a hook script it names is not its user's alone, or the store's structure holds a link; nothing was done
 	ExitDamaged     = 19  // the catalog was damaged: moved aside and rebuilt from the manifests; run the command again
+	ExitUnreachable = 20  // the remote object store did not answer (or failed mid-transfer); nothing half-listed: run the command again
+	ExitAuth        = 21  // the remote object store refused the credentials, or none were found
+	ExitNoBucket    = 22  // the remote's bucket does not exist
 	ExitInterrupted = 130 // stopped by SIGINT or SIGTERM; the partial checkpoint was removed
 
 	// stasis run's own codes, modeled on timeout(1); otherwise it exits
@@ -94,6 +99,16 @@ func exitCode(err error) int {
 		return ExitUnsafe
 	case errors.Is(err, catalog.ErrDamaged):
 		return ExitDamaged
+	case errors.Is(err, backend.ErrConfig):
+		return ExitUsage
+	case errors.Is(err, backend.ErrUnreachable):
+		return ExitUnreachable
+	case errors.Is(err, backend.ErrAuth):
+		return ExitAuth
+	case errors.Is(err, backend.ErrNoBucket):
+		return ExitNoBucket
+	case errors.Is(err, remote.ErrConflict):
+		return ExitExists
 	case errors.Is(err, hooks.ErrHook):
 		return ExitHookFailed
 	case errors.Is(err, hooks.ErrNoCheckpoint):

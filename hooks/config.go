@@ -22,8 +22,21 @@ var ErrConfig = errors.New("bad configuration")
 // Config is $STASIS_HOME/config.toml. Every field is optional; flags given
 // on the command line win over it.
 type Config struct {
-	Hooks Scripts     `toml:"hooks"`
-	Run   RunDefaults `toml:"run"`
+	// Remote is the object store checkpoints are pushed to and pulled
+	// from: "s3://bucket/prefix" (docs/config.md).
+	Remote string      `toml:"remote"`
+	S3     S3Settings  `toml:"s3"`
+	Hooks  Scripts     `toml:"hooks"`
+	Run    RunDefaults `toml:"run"`
+}
+
+// S3Settings say how to reach the remote's S3 engine. Credentials are
+// never here: they come from the environment or ~/.aws/credentials.
+type S3Settings struct {
+	Endpoint string `toml:"endpoint"` // https://host:port; AWS_ENDPOINT_URL wins over it
+	Region   string `toml:"region"`
+	Profile  string `toml:"profile"`  // of ~/.aws/credentials; AWS_PROFILE wins over it
+	Insecure bool   `toml:"insecure"` // allow plain HTTP
 }
 
 // RunDefaults are defaults for `stasis run`.
