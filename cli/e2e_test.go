@@ -63,6 +63,12 @@ func run(t *testing.T, home string, args ...string) result {
 func runWithHome(t *testing.T, home string, cmd *exec.Cmd) result {
 	t.Helper()
 	cmd.Env = append(os.Environ(), "STASIS="+stasisBin, "STASIS_HOME="+home)
+	return runCmd(t, cmd)
+}
+
+// runCmd runs cmd as it is set up and returns its exit code and output.
+func runCmd(t *testing.T, cmd *exec.Cmd) result {
+	t.Helper()
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -27,16 +27,7 @@ func runS3(t *testing.T, srv *s3test.Server, home string, env []string, args ...
 	t.Helper()
 	cmd := exec.Command(stasisBin, args...)
 	cmd.Env = append(append(append(os.Environ(), srv.Env()...), "STASIS_HOME="+home), env...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("run %v: %v", args, err)
-	}
-	r := result{code: code, stdout: out.String(), stderr: errb.String()}
+	r := runCmd(t, cmd)
 	if strings.Contains(r.stdout+r.stderr, s3test.SecretKey) {
 		t.Fatalf("stasis %v printed the secret key: %s%s", args, r.stdout, r.stderr)
 	}
