@@ -95,6 +95,8 @@ func errCode(err error) C.int {
 		return C.STASIS_EINFLIGHT
 	case errors.Is(err, catalog.ErrIncomplete):
 		return C.STASIS_EINCOMPLETE
+	case errors.Is(err, catalog.ErrNewerFormat):
+		return C.STASIS_ENEWER
 	case errors.Is(err, stasis.ErrMismatch):
 		return C.STASIS_EMISMATCH
 	case errors.Is(err, catalog.ErrInvalid):

@@ -52,6 +52,7 @@ typedef enum {
 	STASIS_EUNSAFE = 18,     /* the store is not its user's alone (owner, group/world write), or holds a link in its structure; as the CLI's exit 18 */
 	STASIS_EDAMAGED = 19,    /* the catalog was damaged: it was moved aside and rebuilt from the manifests; call again */
 	STASIS_EINCOMPLETE = 17, /* a job checkpoint's ranks did not all commit their part in time; nothing was listed */
+	STASIS_ENEWER = 23,      /* the checkpoint is of a newer format than this stasis reads */
 	STASIS_ECANCELED = 130   /* the save was cancelled */
 } stasis_code;
 

@@ -38,3 +38,8 @@ var ErrBadStream = errors.New("not a valid stasis export stream")
 // decode. The store moved it aside and rebuilt the catalog from the
 // manifests before returning such an error; the message says so.
 var ErrDamaged = errors.New("the catalog is damaged")
+
+// ErrNewerFormat is returned for a checkpoint written in a format newer
+// than this stasis reads (docs/format.md): nothing is wrong with it, and a
+// newer stasis reads it.
+var ErrNewerFormat = errors.New("checkpoint of a newer format")

@@ -278,6 +278,9 @@ func ParseManifest(data []byte) (*Manifest, error) {
 	if n, err := fmt.Sscanf(string(header), manifestMagic+" %d sha256=%s", &version, &sumHex); err != nil || n != 2 {
 		return nil, bad("header %q is not %q", truncate(header, 80), manifestMagic+" N sha256=HEX")
 	}
+	if version > FormatVersion {
+		return nil, fmt.Errorf("%w: the manifest is of format %d, this stasis reads format %d and older: use a newer stasis", ErrNewerFormat, version, FormatVersion)
+	}
 	if version != FormatVersion {
 		return nil, bad("format %d, this stasis reads format %d", version, FormatVersion)
 	}

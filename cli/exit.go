@@ -43,6 +43,7 @@ const (
 	ExitUnreachable = 20  // the remote object store did not answer (or failed mid-transfer); nothing half-listed: run the command again
 	ExitAuth        = 21  // the remote object store refused the credentials, or none were found
 	ExitNoBucket    = 22  // the remote's bucket does not exist
+	ExitNewer       = 23  // the checkpoint is of a newer format than this stasis reads: use a newer stasis
 	ExitInterrupted = 130 // stopped by SIGINT or SIGTERM; the partial checkpoint was removed
 
 	// stasis run's own codes, modeled on timeout(1); otherwise it exits
@@ -121,6 +122,8 @@ func exitCode(err error) int {
 		return ExitMismatch
 	case errors.Is(err, criu.ErrNotInstalled), errors.Is(err, criu.ErrTooOld), errors.Is(err, cuda.ErrUnavailable):
 		return ExitMissingTool
+	case errors.Is(err, catalog.ErrNewerFormat):
+		return ExitNewer
 	case errors.Is(err, catalog.ErrIncomplete):
 		return ExitIncomplete
 	case errors.Is(err, restore.ErrMemoryMismatch):
