@@ -7,12 +7,16 @@ DCP's own FileSystemWriter, on the same sharded state, in one run.
 Starts RANKS processes (gloo; on one GPU they share it), each holding GIB
 GiB of bf16 weights drawn from normal(0, 0.02) in tensors of 64 MiB, its
 own shard (keys of its own). For each way of saving (DCP's file system
-writer, blocking and with async_save; stasis.dcp, blocking and with
-async_save) it measures per rank: the stall (how long the save call held
+writer, blocking, with async_save, and with async_save and its pinned
+staging cache (cache_staged_state_dict=True); stasis.dcp, blocking and with
+async_save, where it stages into pinned memory it keeps) it measures per
+rank: the stall (how long the save call held
 the training loop), the time until the checkpoint is durable (for
 async_save, until its future resolved; the file system writer fsyncs its
 files), then the load time into the preallocated state from a cold page
-cache (drop_caches, as root) and the bytes stored. Prints one JSON object
+cache (drop_caches, as root) and the bytes stored per checkpoint (every
+checkpoint is kept until the end: the disk needs room for five per round,
+about 2.5 times RANKS x GIB each). Prints one JSON object
 with the slowest rank's times and the ratios stasis / file system.
 Needs torch >= 2.3 with torch.distributed.checkpoint; without it (Debian's
 PyTorch 1.13 on CI) it says so and exits 0 having measured nothing.
@@ -78,14 +82,21 @@ def rank_main(args):
         out[name] = {"stall_s": stall, "durable_s": durable, "load_s": load}
 
     fsdir = os.path.join(args.dir, "fs")
+    # The writers async_save stages with, kept across rounds as a training
+    # loop keeps them: DCP's file system writer with its pinned cache, and
+    # stasis.dcp's (which stages into pinned memory it keeps by default).
+    fs_cached = dcp.FileSystemWriter(os.path.join(fsdir, "x"), cache_staged_state_dict=True)
+    st_writer = stasis.dcp.Writer(job="bench", step=0)
     for r in range(args.rounds):
         measure(f"fs/{r}", lambda s: dcp.FileSystemWriter(os.path.join(fsdir, str(s))),
                 lambda s: dcp.FileSystemReader(os.path.join(fsdir, str(s))), False, 2 * r)
         measure(f"fs_async/{r}", lambda s: dcp.FileSystemWriter(os.path.join(fsdir, str(s))),
                 lambda s: dcp.FileSystemReader(os.path.join(fsdir, str(s))), True, 2 * r + 1)
-        measure(f"stasis/{r}", lambda s: stasis.dcp.Writer(job="bench", step=s), lambda s: stasis.dcp.Reader(job="bench", step=s),
-                False, 2 * r)
-        measure(f"stasis_async/{r}", lambda s: stasis.dcp.Writer(job="bench", step=s), lambda s: stasis.dcp.Reader(job="bench", step=s),
+        measure(f"fs_async_cached/{r}", lambda s: (fs_cached.reset(os.path.join(fsdir, str(s))), fs_cached)[1],
+                lambda s: dcp.FileSystemReader(os.path.join(fsdir, str(s))), True, 100 + r)
+        measure(f"stasis/{r}", lambda s: stasis.dcp.Writer(job="bench", step=s, stage=False),
+                lambda s: stasis.dcp.Reader(job="bench", step=s), False, 2 * r)
+        measure(f"stasis_async/{r}", lambda s: st_writer.for_step(s), lambda s: stasis.dcp.Reader(job="bench", step=s),
                 True, 2 * r + 1)
     results = [None] * world
     dist.all_gather_object(results, out)
@@ -142,13 +153,15 @@ def main():
             sys.exit(f"rank {r} failed:\n{out}")
     results = json.loads(next(line for line in outs[0].splitlines() if line.startswith("RESULT "))[7:])
     report = {"ranks": args.ranks, "gib_per_rank": args.gib, "device": args.device, "rounds": args.rounds}
-    for way in ("fs", "fs_async", "stasis", "stasis_async"):
+    for way in ("fs", "fs_async", "fs_async_cached", "stasis", "stasis_async"):
         for what in ("stall_s", "durable_s", "load_s"):
             # The slowest rank of each round, the best round.
             report[f"{way}_{what}"] = round(min(max(r[f"{way}/{k}"][what] for r in results) for k in range(args.rounds)), 3)
-    report["fs_stored_bytes"] = du(os.path.join(args.dir, "fs"))
-    report["stasis_stored_bytes"] = du(home)
-    for a, b in (("stasis", "fs"), ("stasis_async", "fs_async")):
+    # Per checkpoint: the file system writer's three ways and stasis.dcp's
+    # two each saved one checkpoint a round.
+    report["fs_stored_bytes"] = du(os.path.join(args.dir, "fs")) // (3 * args.rounds)
+    report["stasis_stored_bytes"] = du(home) // (2 * args.rounds)
+    for a, b in (("stasis", "fs"), ("stasis_async", "fs_async"), ("stasis_async", "fs_async_cached")):
         for what in ("stall_s", "durable_s", "load_s"):
             if report[f"{b}_{what}"] > 0:
                 report[f"{a}_vs_{b}_{what.removesuffix('_s')}"] = round(report[f"{a}_{what}"] / report[f"{b}_{what}"], 3)

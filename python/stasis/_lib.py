@@ -19,6 +19,10 @@ class StasisError(RuntimeError):
         super().__init__(message)
         self.code = code
 
+    def __reduce__(self):
+        # Picklable (torch.distributed gathers a rank's exception so).
+        return (type(self), (self.code, str(self)))
+
 
 class InvalidArgument(StasisError, ValueError):
     """A bad argument: job name, dtype, tensor name, JSON."""

@@ -57,13 +57,55 @@ class Writer(StorageWriter):
     storage_writer=Writer(job=..., step=...)). attempt: the key the ranks
     of this save share (default: one the coordinator draws and DCP's plan
     hands to every rank). part_timeout: how long the coordinator waits for
-    the ranks' parts (seconds)."""
+    the ranks' parts (seconds).
 
-    def __init__(self, job, step, home=None, attempt=None, compress=None, part_timeout=600):
+    With dcp.async_save it is also the stager (DCP's AsyncStager): the
+    state is copied into pinned host memory kept for the next save of a
+    state shaped the same (allocated at the first one), at the bus's
+    speed, and the background write takes it from there. Keep one Writer
+    for the saves of a training run to reuse that memory (stage=False
+    leaves the staging to DCP's default, pageable and allocated each
+    time)."""
+
+    def __init__(self, job, step, home=None, attempt=None, compress=None, part_timeout=600, stage=True):
         self.job, self.step = job, _lib.check_step(step)
         _lib.encode_job(job)
         self.home, self.attempt, self.compress, self.part_timeout = home, attempt, compress, part_timeout
         self.is_coordinator = False
+        self._stage, self._staged = stage, None
+
+    # DCP's AsyncStager protocol (torch.distributed.checkpoint.staging).
+    _synchronize_after_execute = False
+
+    @property
+    def should_synchronize_after_execute(self):
+        return False
+
+    def stage(self, state_dict):
+        """Copies state_dict into the pinned host copy kept for this writer
+        (DTensors and sharded tensors as their local shards, by torch's own
+        state-dict helpers) and returns it, once the copies are done."""
+        from torch.distributed import _state_dict_utils as sdu
+        if not self._stage:
+            return sdu._copy_state_dict(state_dict, sdu._create_cpu_state_dict(state_dict), type_check=False)
+        if self._staged is None:
+            self._staged = sdu._create_cpu_state_dict(state_dict, pin_memory=True)
+        staged = sdu._copy_state_dict(state_dict, self._staged, non_blocking=True, type_check=False)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return staged
+
+    def synchronize_staging(self):
+        pass
+
+    def close(self):
+        self._staged = None
+
+    def for_step(self, step):
+        """This writer for another step, keeping its staging memory: the
+        writer a training loop passes to the next save."""
+        self.step = _lib.check_step(step)
+        return self
 
     def reset(self, checkpoint_id=None):
         pass
