@@ -279,7 +279,9 @@ func ParseManifest(data []byte) (*Manifest, error) {
 		return nil, bad("header %q is not %q", truncate(header, 80), manifestMagic+" N sha256=HEX")
 	}
 	if version > FormatVersion {
-		return nil, fmt.Errorf("%w: the manifest is of format %d, this stasis reads format %d and older: use a newer stasis", ErrNewerFormat, version, FormatVersion)
+		// It wraps ErrBadManifest too (this stasis cannot read it), but
+		// says what it is: callers tell it apart first.
+		return nil, fmt.Errorf("%w (%w): the manifest is of format %d, this stasis reads format %d and older: use a newer stasis", ErrNewerFormat, ErrBadManifest, version, FormatVersion)
 	}
 	if version != FormatVersion {
 		return nil, bad("format %d, this stasis reads format %d", version, FormatVersion)
