@@ -2,7 +2,6 @@ package restore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -99,8 +98,8 @@ func planFill(m *catalog.Manifest, images string) (*fillPlan, error) {
 		plan.digests.addImage(name, e.Size)
 	}
 	claimed := map[string]bool{}
-	for _, pid := range pids {
-		if err := plan.addProcess(images, pid, pagesEntries, claimed); err != nil {
+	for i := range memory.procs {
+		if err := plan.addProcess(images, &memory.procs[i], pagesEntries, claimed); err != nil {
 			plan.close()
 			return nil, err
 		}
@@ -139,22 +138,12 @@ func (p *fillPlan) keepWhole(images string, e catalog.Entry) error {
 	return nil
 }
 
-// addProcess plans the memory of process pid, and marks the pages image
-// its pagemap names as claimed.
-func (p *fillPlan) addProcess(images string, pid int, pagesEntries map[string]catalog.Entry, claimed map[string]bool) error {
+// addProcess plans the memory of process proc (its pagemap and mappings as
+// readMemoryMap read them: a zombie, without memory, is not there), and
+// marks the pages image its pagemap names as claimed.
+func (p *fillPlan) addProcess(images string, proc *procMemory, pagesEntries map[string]catalog.Entry, claimed map[string]bool) error {
+	pid, pm, vmas := proc.pid, proc.pages, proc.vmas
 	pmPath := filepath.Join(images, fmt.Sprintf("pagemap-%d.img", pid))
-	if _, err := os.Stat(pmPath); errors.Is(err, os.ErrNotExist) {
-		return nil // a zombie has no memory
-	}
-	pm, err := criu.ReadPagemap(pmPath)
-	if err != nil {
-		return err
-	}
-	vmas, err := criu.ReadVMAs(filepath.Join(images, fmt.Sprintf("mm-%d.img", pid)))
-	if err != nil {
-		return err
-	}
-	sort.Slice(vmas, func(i, j int) bool { return vmas[i].GetStart() < vmas[j].GetStart() })
 	pagesName := fmt.Sprintf("pages-%d.img", pm.PagesID)
 	e, ok := pagesEntries[pagesName]
 	if !ok {
