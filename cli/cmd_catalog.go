@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -51,19 +52,26 @@ func (e *env) lsCommand() *ucli.Command {
 				}
 				return printJSON(e.stdout, recs)
 			}
-			tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tJOB\tSTEP\tKIND\tCREATED\tSIZE\tSTORED\tSTATUS")
-			for _, r := range recs {
-				kind := string(r.Kind)
-				if r.Kind == catalog.KindJob {
-					kind += " (" + r.Tags[catalog.TagWorldSize] + " ranks)"
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.ID[:8], r.Job, r.Step, kind,
-					r.Created.Local().Format(time.DateTime), humanBytes(r.Bytes), humanBytes(r.StoredBytes), r.Status)
-			}
-			return tw.Flush()
+			return writeRecords(e.stdout, "STATUS", len(recs), func(i int) (catalog.Record, string) { return recs[i], string(recs[i].Status) })
 		},
 	}
+}
+
+// writeRecords prints the table of ls: n records, rec(i) giving each and
+// what its last column, headed last, says.
+func writeRecords(w io.Writer, last string, n int, rec func(i int) (catalog.Record, string)) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tJOB\tSTEP\tKIND\tCREATED\tSIZE\tSTORED\t"+last)
+	for i := range n {
+		r, end := rec(i)
+		kind := string(r.Kind)
+		if r.Kind == catalog.KindJob {
+			kind += " (" + r.Tags[catalog.TagWorldSize] + " ranks)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.ID[:8], r.Job, r.Step, kind,
+			r.Created.Local().Format(time.DateTime), humanBytes(r.Bytes), humanBytes(r.StoredBytes), end)
+	}
+	return tw.Flush()
 }
 
 // showRecord is what `stasis show --json` prints: the index record with the

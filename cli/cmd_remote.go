@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/google/uuid"
@@ -301,17 +300,7 @@ func (e *env) lsRemote(c *ucli.Context, s *catalog.Store, local []catalog.Record
 		}
 		return printJSON(e.stdout, rows)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tJOB\tSTEP\tKIND\tCREATED\tSIZE\tSTORED\tWHERE")
-	for _, r := range rows {
-		kind := string(r.Kind)
-		if r.Kind == catalog.KindJob {
-			kind += " (" + r.Tags[catalog.TagWorldSize] + " ranks)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.ID[:8], r.Job, r.Step, kind,
-			r.Created.Local().Format(time.DateTime), humanBytes(r.Bytes), humanBytes(r.StoredBytes), r.Where)
-	}
-	return tw.Flush()
+	return writeRecords(e.stdout, "WHERE", len(rows), func(i int) (catalog.Record, string) { return rows[i].Record, rows[i].Where })
 }
 
 // gcRemote removes what interrupted pushes left on the remote.
