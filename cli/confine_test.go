@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -86,19 +87,35 @@ func TestPlantedLinksDeleteNothing(t *testing.T) {
 // getting there fails the test.
 func holdAt(t *testing.T, home, point string, args ...string) (kill func()) {
 	t.Helper()
+	cmd := exec.Command(stasisBin, args...)
+	cmd.Env = append(os.Environ(), "STASIS_HOME="+home)
+	return startHeld(t, cmd, point).kill
+}
+
+// heldRun is stasis held at a crash point (STASIS_HOLD_AT with a FIFO).
+type heldRun struct {
+	cmd       *exec.Cmd
+	fifo      *os.File // open for writing: closed, the process goes on
+	ended     chan error
+	out, errb bytes.Buffer
+}
+
+// startHeld starts cmd (its environment set but for STASIS_HOLD_AT) held
+// at crash point point, and returns once the process is there; one that
+// ends without getting there fails the test.
+func startHeld(t *testing.T, cmd *exec.Cmd, point string) *heldRun {
+	t.Helper()
 	fifo := filepath.Join(t.TempDir(), "hold")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(stasisBin, args...)
-	cmd.Env = append(os.Environ(), "STASIS_HOME="+home, "STASIS_HOLD_AT="+point+":"+fifo)
-	var errb strings.Builder
-	cmd.Stderr = &errb
+	h := &heldRun{cmd: cmd, ended: make(chan error, 1)}
+	cmd.Env = append(cmd.Env, "STASIS_HOLD_AT="+point+":"+fifo)
+	cmd.Stdout, cmd.Stderr = &h.out, &h.errb
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	ended := make(chan error, 1)
-	go func() { ended <- cmd.Wait() }()
+	go func() { h.ended <- cmd.Wait() }()
 	// Opening the FIFO for writing returns once the process opened it
 	// for reading: it is at the point.
 	opened := make(chan *os.File, 1)
@@ -107,19 +124,33 @@ func holdAt(t *testing.T, home, point string, args ...string) (kill func()) {
 		opened <- f
 	}()
 	select {
-	case f := <-opened:
-		t.Cleanup(func() { f.Close() })
-	case err := <-ended:
+	case h.fifo = <-opened:
+		t.Cleanup(func() { h.fifo.Close() })
+	case err := <-h.ended:
 		if r, _ := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0); r != nil {
 			<-opened
 			r.Close()
 		}
-		t.Fatalf("stasis %v ended (%v) without reaching %s: %s", args, err, point, errb.String())
+		t.Fatalf("stasis %v ended (%v) without reaching %s: %s", cmd.Args[1:], err, point, h.errb.String())
 	}
-	return func() {
-		cmd.Process.Kill()
-		<-ended
+	return h
+}
+
+// kill kills the held process (SIGKILL) and waits for it.
+func (h *heldRun) kill() {
+	h.cmd.Process.Kill()
+	<-h.ended
+}
+
+// release lets the held process go on and returns its result.
+func (h *heldRun) release() result {
+	h.fifo.Close()
+	err := <-h.ended
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
 	}
+	return result{code: code, stdout: h.out.String(), stderr: h.errb.String()}
 }
 
 // TestKilledOutputsLeaveNothing kills (SIGKILL) a `load --to DIR` with

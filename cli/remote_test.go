@@ -227,39 +227,9 @@ func holdS3(t *testing.T, srv *s3test.Server, home, point string, args ...string
 // holdS3Cmd is holdS3 that also returns the held process.
 func holdS3Cmd(t *testing.T, srv *s3test.Server, home, point string, args ...string) (release func() result, cmd *exec.Cmd) {
 	t.Helper()
-	fifo := filepath.Join(t.TempDir(), "hold")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	cmd = exec.Command(stasisBin, args...)
-	cmd.Env = append(append(os.Environ(), srv.Env()...), "STASIS_HOME="+home, "STASIS_HOLD_AT="+point+":"+fifo)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ended := make(chan error, 1)
-	go func() { ended <- cmd.Wait() }()
-	opened := make(chan *os.File, 1)
-	go func() {
-		f, _ := os.OpenFile(fifo, os.O_WRONLY, 0)
-		opened <- f
-	}()
-	var f *os.File
-	select {
-	case f = <-opened:
-	case err := <-ended:
-		t.Fatalf("stasis %v ended (%v) before reaching %s: %s", args, err, point, errb.String())
-	}
-	return func() result {
-		f.Close()
-		err := <-ended
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		}
-		return result{code: code, stdout: out.String(), stderr: errb.String()}
-	}, cmd
+	cmd.Env = append(append(os.Environ(), srv.Env()...), "STASIS_HOME="+home)
+	return startHeld(t, cmd, point).release, cmd
 }
 
 func TestRemoteFaults(t *testing.T) {
